@@ -1,0 +1,397 @@
+"""Local multi-worker launcher for `tf.distribute.MultiWorkerMirroredStrategy`.
+
+Starts N worker processes on one machine, each with its own `TF_CONFIG`, so the
+same `mdtrain train --strategy multiworker` that runs on a cluster can be tried
+and taught on a laptop. Output is prefixed with `[worker i] ` and kept in
+per-worker log files; a crashed worker stops the others and, if asked, the whole
+group is restarted; a hang is reported instead of waited on forever.
+
+Exit codes of `run_workers` and `launch`: the chief's (worker 0's) status when
+every worker ends on its own; the failing worker's status when a worker fails and
+no restarts are left; 124 when workers appear stuck; 130 on Ctrl-C; 143 on
+SIGTERM. A process killed by signal N counts as 128 + N, as in a shell.
+
+Security: TensorFlow's gRPC servers are unauthenticated; anyone who can reach a
+worker's port can join or disrupt the job. The launcher binds 127.0.0.1 only
+unless `host` is given explicitly; never point it at an untrusted network.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import TextIO
+
+from mdtrain.errors import UsageError
+
+HANG_EXIT_CODE = 124
+_GRACE_S = 5.0  # between SIGTERM and SIGKILL: long enough to flush logs, short enough to wait
+_POLL_S = 0.1
+
+
+class _Terminated(Exception):  # raised in the main thread when the launcher gets SIGTERM
+    pass
+
+
+def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
+    """Returns `n` distinct TCP ports that are free on `host` right now.
+
+    The sockets are held open together, so the ports are distinct, then closed
+    for the workers to bind; a port taken in between fails one attempt, and a
+    restart takes fresh ports.
+
+    Args:
+        n: How many ports to return.
+        host: The address to bind. Defaults to `"127.0.0.1"`.
+
+    Returns:
+        A list of `n` distinct port numbers.
+
+    Example:
+        >>> len(set(free_ports(3)))
+        3
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sockets = [socket.socket(family, socket.SOCK_STREAM) for _ in range(n)]
+    try:
+        for sock in sockets:
+            sock.bind((host, 0))
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def tf_config(worker_addresses: list[str], index: int) -> dict:
+    """Builds the `TF_CONFIG` dictionary of one worker.
+
+    Worker 0 is the chief: MultiWorkerMirroredStrategy makes it the one that
+    saves checkpoints and writes summaries.
+
+    Args:
+        worker_addresses: `"host:port"` of every worker, in index order.
+        index: The index of the worker this config is for.
+
+    Returns:
+        `{"cluster": {"worker": [...]}, "task": {"type": "worker", "index": index}}`,
+        for `json.dumps` into the `TF_CONFIG` environment variable.
+
+    Raises:
+        UsageError: If `index` is not a valid position in `worker_addresses`.
+
+    Example:
+        >>> tf_config(["127.0.0.1:2222", "127.0.0.1:2223"], 1)["task"]
+        {'type': 'worker', 'index': 1}
+    """
+    if not 0 <= index < len(worker_addresses):
+        raise UsageError(f"worker index {index} is outside 0..{len(worker_addresses) - 1}")
+    return {
+        "cluster": {"worker": list(worker_addresses)},
+        "task": {"type": "worker", "index": index},
+    }
+
+
+def _exit_status(returncode: int) -> int:
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def _child_setup():
+    """Returns a preexec_fn that makes the child die with the launcher (Linux only)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    # Loaded in the parent: the child runs between fork and exec and must do little.
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    parent = os.getpid()
+
+    def setup() -> None:
+        prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: SIGKILL when the launcher dies
+        if os.getppid() != parent:  # the launcher died before prctl took effect
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return setup
+
+
+def _signal_groups(procs: list[subprocess.Popen], sig: int) -> None:
+    for proc in procs:
+        try:
+            os.killpg(proc.pid, sig)  # the whole group: workers may have children of their own
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def _stop(procs: list[subprocess.Popen], grace_s: float = _GRACE_S) -> None:
+    """SIGTERM every worker's process group, then SIGKILL what is left after `grace_s`."""
+    _signal_groups([p for p in procs if p.poll() is None], signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+        time.sleep(_POLL_S)
+    _signal_groups(procs, signal.SIGKILL)
+    for proc in procs:
+        proc.wait()
+
+
+class _Attempt:
+    """One start of all workers: processes, reader threads, and what they saw."""
+
+    def __init__(self, procs, command, addresses, attempt, env, log_dir, stream, lock):
+        self.last_output = time.monotonic()
+        self.procs: list[subprocess.Popen] = procs  # the caller's, so it can stop half a start
+        self.threads: list[threading.Thread] = []
+        self.stream, self.lock = stream, lock
+        preexec = _child_setup()
+        logs = []
+        for i in range(len(addresses)):
+            worker_env = dict(env)
+            worker_env.update(
+                TF_CONFIG=json.dumps(tf_config(addresses, i)),
+                MDTRAIN_WORKER_INDEX=str(i),
+                MDTRAIN_ATTEMPT=str(attempt),
+                PYTHONUNBUFFERED="1",  # so lines arrive as printed, and silence means silence
+            )
+            log = open(Path(log_dir) / f"worker-{i}.log", "a", encoding="utf-8")
+            log.write(f"=== attempt {attempt} ({time.strftime('%Y-%m-%d %H:%M:%S')}) ===\n")
+            log.flush()
+            logs.append(log)
+            try:
+                proc = subprocess.Popen(
+                    command,
+                    env=worker_env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,  # own process group: Ctrl-C is ours to forward
+                    preexec_fn=preexec,
+                )
+            except OSError as error:
+                raise UsageError(
+                    f"cannot start {command[0]!r}: {error}; check the command"
+                ) from None
+            self.procs.append(proc)
+        # Threads only after every fork: preexec_fn is unsafe while other threads run.
+        for i, (proc, log) in enumerate(zip(self.procs, logs, strict=True)):
+            thread = threading.Thread(target=self._pump, args=(i, proc, log), daemon=True)
+            thread.start()
+            self.threads.append(thread)
+
+    def _pump(self, index: int, proc: subprocess.Popen, log) -> None:
+        with log:
+            for raw in iter(proc.stdout.readline, b""):
+                self.last_output = time.monotonic()
+                line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
+                log.write(line + "\n")
+                log.flush()
+                with self.lock:
+                    self.stream.write(f"[worker {index}] {line}\n")
+                    self.stream.flush()
+            proc.stdout.close()
+
+    def join(self) -> None:
+        # A grandchild that escaped the group could hold the pipe open; do not wait on it.
+        for thread in self.threads:
+            thread.join(timeout=_GRACE_S)
+
+
+def run_workers(
+    command: list[str],
+    num_workers: int,
+    *,
+    restarts: int = 0,
+    host: str = "127.0.0.1",
+    log_dir: str | os.PathLike | None = None,
+    hang_timeout_s: float | None = 120.0,
+    env: dict[str, str] | None = None,
+    stream: TextIO | None = None,
+) -> int:
+    """Runs `command` as `num_workers` cooperating workers and waits for them.
+
+    Each worker gets a free port on `host`, its own `TF_CONFIG` (worker 0 is the
+    chief), `MDTRAIN_WORKER_INDEX` and `MDTRAIN_ATTEMPT` (1, 2, ...). Output lines
+    go to `stream` as `[worker i] ...` and are appended to `log_dir/worker-i.log`
+    under a `=== attempt k ===` header. A worker that exits non-zero stops the
+    others; while restarts are left all start again on fresh ports, and resuming
+    is the command's job (`--backup-dir`). See the module docstring for exit
+    codes and why `host` must stay on loopback or a trusted network.
+
+    Args:
+        command: The program and its arguments that every worker runs.
+        num_workers: How many workers to start. Must be at least 1.
+        restarts: How many times to restart all workers after one fails.
+            Defaults to `0`.
+        host: The address workers bind and reach each other on.
+            Defaults to `"127.0.0.1"`.
+        log_dir: Where per-worker logs go. Defaults to `None`, a fresh
+            temporary folder whose path is printed at the start.
+        hang_timeout_s: Seconds after which workers count as stuck, when one
+            has finished and others have not, or none has printed anything.
+            `None` disables the check. Defaults to `120.0`.
+        env: Environment for the workers. Defaults to `None`, this process's.
+        stream: Where prefixed output and launcher messages go.
+            Defaults to `None`, the `sys.stdout` of the moment (a notebook's too).
+
+    Returns:
+        The exit status described in the module docstring: the chief's status,
+        the failing worker's once restarts are spent, 124 for stuck workers,
+        130 on Ctrl-C, 143 on SIGTERM.
+
+    Raises:
+        UsageError: If `command` is empty or cannot be started, `num_workers < 1`,
+            `restarts < 0` or `hang_timeout_s <= 0`.
+
+    Example:
+        >>> run_workers([sys.executable, "train.py"], 2, restarts=1)  # doctest: +SKIP
+    """
+    if not command:
+        raise UsageError("empty worker command; pass the program to run, e.g. ['python', 'x.py']")
+    if num_workers < 1:
+        raise UsageError(f"--workers {num_workers}: pass 1 or more workers")
+    if restarts < 0:
+        raise UsageError(f"--restarts {restarts}: pass 0 or more restarts")
+    if hang_timeout_s is not None and hang_timeout_s <= 0:
+        raise UsageError(f"hang timeout {hang_timeout_s}: pass a positive number of seconds")
+    log_dir = Path(log_dir) if log_dir is not None else Path(tempfile.mkdtemp(prefix="mdtrain-"))
+    log_dir.mkdir(parents=True, exist_ok=True)
+    base_env = dict(os.environ if env is None else env)
+    stream = sys.stdout if stream is None else stream
+    lock = threading.Lock()
+
+    def say(message: str) -> None:
+        with lock:
+            stream.write(f"[launch] {message}\n")
+            stream.flush()
+
+    say(f"{num_workers} workers on {host}; logs in {log_dir}")
+    # SIGTERM (from kill, Slurm, docker stop) must stop workers too, not just end us.
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+
+        def on_sigterm(signum, frame):
+            raise _Terminated
+
+        previous = signal.signal(signal.SIGTERM, on_sigterm)
+    procs: list[subprocess.Popen] = []
+    try:
+        for number in range(1, restarts + 2):
+            addresses = [
+                f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+                for port in free_ports(num_workers, host)
+            ]
+            say(f"attempt {number}: " + " ".join(addresses))
+            procs = []
+            attempt = _Attempt(procs, command, addresses, number, base_env, log_dir, stream, lock)
+            status = _watch(attempt, number, restarts, hang_timeout_s, say)
+            attempt.join()
+            if status is not None:
+                return status
+        raise AssertionError("unreachable: the last attempt always returns")
+    except KeyboardInterrupt:
+        say("interrupted; stopping all workers")
+        _stop(procs)
+        return 130
+    except _Terminated:
+        say("terminated; stopping all workers")
+        _stop(procs)
+        return 143
+    finally:
+        _signal_groups(procs, signal.SIGKILL)  # whatever happened, nothing of ours outlives us
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _watch(attempt: _Attempt, number: int, restarts: int, hang_timeout_s, say) -> int | None:
+    """Waits for one attempt; returns its exit status, or None to restart."""
+    procs = attempt.procs
+    first_done = None
+    while True:
+        codes = [p.poll() for p in procs]
+        now = time.monotonic()
+        failed = [(i, c) for i, c in enumerate(codes) if c not in (None, 0)]
+        # Once the chief has finished cleanly the job's result is saved: later failures are noise.
+        if failed and codes[0] != 0:
+            left = number <= restarts
+            plan = f"restart {number} of {restarts}" if left else "no restarts left"
+            what = ", ".join(f"worker {i} exited with code {c}" for i, c in failed)
+            say(f"{what}; stopping the others; {plan}")
+            _stop(procs)
+            # The chief's own failure if it failed, else the worker's: not our SIGTERM to the chief.
+            return None if left else _exit_status(failed[0][1])
+        running = [i for i, c in enumerate(codes) if c is None]
+        if not running:
+            if failed:
+                index, code = failed[0]
+                say(f"worker {index} exited with code {code} after the chief finished")
+            return _exit_status(codes[0])
+        if first_done is None and len(running) < len(procs):
+            first_done = now
+        if hang_timeout_s is not None:
+            why = None
+            if first_done is not None and now - first_done > hang_timeout_s:
+                done = [i for i in range(len(procs)) if i not in running]
+                why = f"worker {done[0]} finished {now - first_done:.0f}s ago"
+            elif now - attempt.last_output > hang_timeout_s:
+                why = f"no output for {now - attempt.last_output:.0f}s"
+            if why:
+                stuck = ", ".join(map(str, running))
+                say(
+                    f"workers {stuck} appear stuck (probably waiting in a collective for a "
+                    f"worker that is gone): {why}; stopping all; exit code {HANG_EXIT_CODE}"
+                )
+                _stop(procs)
+                return HANG_EXIT_CODE
+        time.sleep(_POLL_S)
+
+
+def _strategy_arg(train_args: list[str]) -> str | None:
+    for i, arg in enumerate(train_args):
+        if arg == "--strategy":
+            return train_args[i + 1] if i + 1 < len(train_args) else ""
+        if arg.startswith("--strategy="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def launch(num_workers: int, train_args: list[str], *, restarts: int = 0, **kwargs) -> int:
+    """Runs `mdtrain train --strategy multiworker` as `num_workers` local workers.
+
+    The CLI's `mdtrain launch --workers N [--restarts R] -- <train arguments>`.
+    With restarts, pass `--backup-dir DIR` in `train_args` so a restarted run
+    resumes instead of starting over.
+
+    Args:
+        num_workers: How many workers to start. Must be at least 1.
+        train_args: Arguments for `mdtrain train`; `--strategy multiworker`
+            is added unless already there.
+        restarts: How many times to restart all workers after one fails.
+            Defaults to `0`.
+        **kwargs: Passed to `run_workers` (`host`, `log_dir`,
+            `hang_timeout_s`, `env`, `stream`).
+
+    Returns:
+        The exit status of `run_workers`.
+
+    Raises:
+        UsageError: If `train_args` asks for another strategy, or for the
+            reasons `run_workers` gives.
+
+    Example:
+        >>> launch(2, ["--epochs", "2", "--backup-dir", "/tmp/bk"], restarts=1)  # doctest: +SKIP
+    """
+    strategy = _strategy_arg(train_args)
+    command = [sys.executable, "-m", "mdtrain", "train", *train_args]
+    if strategy is None:
+        command += ["--strategy", "multiworker"]
+    elif strategy != "multiworker":
+        raise UsageError(
+            f"--strategy {strategy}: launch runs multi-worker training; "
+            "drop --strategy or pass --strategy multiworker"
+        )
+    return run_workers(command, num_workers, restarts=restarts, **kwargs)

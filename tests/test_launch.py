@@ -1,0 +1,297 @@
+"""Tests for mdtrain.launch, with a fake worker script (no TensorFlow) except one slow test."""
+
+import faulthandler
+import io
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from mdtrain import launch as launch_mod
+from mdtrain.errors import UsageError
+from mdtrain.launch import free_ports, launch, run_workers, tf_config
+
+FAKE = [sys.executable, str(Path(__file__).parent / "fixtures" / "fake_worker.py")]
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def _time_limit(request):
+    # No pytest-timeout here: a hung launcher would hang CI, so dump stacks and exit instead.
+    faulthandler.dump_traceback_later(
+        300 if request.node.get_closest_marker("slow") else 60, exit=True
+    )
+    yield
+    faulthandler.cancel_dump_traceback_later()
+
+
+def _env(**fake):
+    env = dict(os.environ)
+    env.update({k: str(v) for k, v in fake.items()})
+    return env
+
+
+def _run(num_workers, tmp_path, **kwargs):
+    stream = io.StringIO()
+    kwargs.setdefault("log_dir", tmp_path / "logs")
+    code = run_workers(FAKE, num_workers, stream=stream, **kwargs)
+    return code, stream.getvalue()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _pids(folder: Path, n: int, timeout_s: float = 20.0) -> list[int]:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        files = [folder / f"worker-{i}.pid" for i in range(n)]
+        if all(f.exists() and f.read_text() for f in files):
+            return [int(f.read_text()) for f in files]
+        time.sleep(0.05)
+    raise AssertionError(f"workers did not start within {timeout_s}s")
+
+
+def _kill_leftovers(folder: Path) -> None:
+    # Only after a failure can workers remain; do not leave them to the next test.
+    for pid_file in folder.glob("worker-*.pid"):
+        pid = int(pid_file.read_text() or 0)
+        if pid and _alive(pid) and "fake_worker" in " ".join(psutil.Process(pid).cmdline()):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _wait_gone(pids: list[int], timeout_s: float = 10.0) -> list[int]:
+    deadline = time.monotonic() + timeout_s
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return [p for p in pids if _alive(p)]
+
+
+def test_tf_config_shape():
+    addresses = ["127.0.0.1:1111", "127.0.0.1:2222"]
+    assert tf_config(addresses, 1) == {
+        "cluster": {"worker": addresses},
+        "task": {"type": "worker", "index": 1},
+    }
+    with pytest.raises(UsageError):
+        tf_config(addresses, 2)
+
+
+def test_free_ports_are_distinct_and_bindable():
+    ports = free_ports(4)
+    assert len(set(ports)) == 4
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", ports[0]))
+
+
+@pytest.mark.parametrize(
+    "args, kwargs",
+    [
+        ((FAKE, 0), {}),
+        ((FAKE, 2), {"restarts": -1}),
+        (([], 2), {}),
+        ((FAKE, 2), {"hang_timeout_s": 0}),
+        ((["/nonexistent/worker"], 1), {}),
+    ],
+)
+def test_bad_input_raises_usage_error(args, kwargs):
+    with pytest.raises(UsageError):
+        run_workers(*args, **kwargs)
+
+
+def test_launch_adds_multiworker_strategy(monkeypatch):
+    seen = []
+    monkeypatch.setattr(
+        launch_mod, "run_workers", lambda cmd, n, **kw: seen.append((cmd, n, kw)) or 0
+    )
+    assert launch(2, ["--epochs", "1"], restarts=1, log_dir="x") == 0
+    cmd, n, kw = seen[0]
+    assert cmd == [
+        sys.executable,
+        "-m",
+        "mdtrain",
+        "train",
+        "--epochs",
+        "1",
+        "--strategy",
+        "multiworker",
+    ]
+    assert (n, kw) == (2, {"restarts": 1, "log_dir": "x"})
+    launch(2, ["--strategy=multiworker"])
+    assert seen[1][0].count("--strategy=multiworker") == 1 and "--strategy" not in seen[1][0]
+    with pytest.raises(UsageError, match="multiworker"):
+        launch(2, ["--strategy", "mirrored"])
+
+
+def test_streams_prefixed_lines_writes_logs_and_tf_config(tmp_path):
+    code, out = _run(3, tmp_path)
+    assert code == 0
+    clusters = set()
+    for i in range(3):
+        assert f"[worker {i}] index={i} attempt=1" in out
+        assert f"[worker {i}] stderr line from {i}" in out
+        clusters.add(re.search(rf"\[worker {i}\] cluster=(.*)", out).group(1))
+        log = (tmp_path / "logs" / f"worker-{i}.log").read_text()
+        assert log.startswith("=== attempt 1") and f"index={i}" in log and "[worker" not in log
+    assert len(clusters) == 1  # every worker sees the same cluster
+    workers = json.loads(clusters.pop())
+    assert len({w.rsplit(":", 1)[1] for w in workers}) == 3
+    assert all(w.startswith("127.0.0.1:") for w in workers)
+    assert f"logs in {tmp_path / 'logs'}" in out
+    # A second run appends: nothing of the first is lost.
+    assert _run(3, tmp_path)[0] == 0
+    log = (tmp_path / "logs" / "worker-0.log").read_text()
+    assert log.count("=== attempt 1") == 2 and log.count("index=0") == 2
+
+
+def test_default_log_dir_is_fresh_temp_dir(tmp_path):
+    code, out = run_workers(FAKE, 1, stream=(s := io.StringIO())), None
+    out = s.getvalue()
+    folder = Path(re.search(r"logs in (\S+)", out).group(1))
+    assert code == 0 and (folder / "worker-0.log").exists()
+
+
+def test_returns_chief_status(tmp_path):
+    code, out = _run(2, tmp_path, env=_env(FAKE_EXIT="0:3"))
+    assert code == 3
+    assert "worker 0 exited with code 3; stopping the others; no restarts left" in out
+
+
+def test_crash_without_restarts_fails(tmp_path):
+    env = _env(FAKE_CRASH=f"1:{tmp_path}", FAKE_SLEEP="0:30")
+    start = time.monotonic()
+    code, out = _run(2, tmp_path, env=env)
+    assert code == 128 + 9
+    assert "worker 1 exited with code -9; stopping the others; no restarts left" in out
+    assert time.monotonic() - start < 15  # the sleeping chief was stopped, not waited for
+
+
+def test_crash_on_first_attempt_is_restarted(tmp_path):
+    env = _env(FAKE_CRASH=f"1:{tmp_path}", FAKE_SLEEP="0:1")
+    code, out = _run(2, tmp_path, env=env, restarts=1)
+    assert code == 0, out
+    assert "worker 1 exited with code -9; stopping the others; restart 1 of 1" in out
+    assert "[worker 1] index=1 attempt=2" in out and "[worker 0] worker 0 done" in out
+    ports = re.findall(r"attempt \d: (.*)", out)
+    assert len(ports) == 2  # fresh addresses for the second attempt
+    log = (tmp_path / "logs" / "worker-1.log").read_text()
+    assert "=== attempt 1" in log and "=== attempt 2" in log
+
+
+def test_hang_after_one_worker_finishes_is_reported(tmp_path):
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    env = _env(FAKE_SLEEP="1:inf", FAKE_PIDS=pids)
+    start = time.monotonic()
+    code, out = _run(2, tmp_path, env=env, hang_timeout_s=1.0)
+    assert code == 124
+    assert "workers 1 appear stuck (probably waiting in a collective" in out
+    assert time.monotonic() - start < 15
+    assert _wait_gone(_pids(pids, 2)) == []
+
+
+def test_silence_is_reported_as_hang(tmp_path):
+    code, out = _run(2, tmp_path, env=_env(FAKE_SLEEP="0:inf,1:inf"), hang_timeout_s=1.0)
+    assert code == 124 and "workers 0, 1 appear stuck" in out and "no output" in out
+
+
+def _start_launcher(tmp_path, pids, pdeathsig=True):
+    # SIGINT may be ignored when tests run in a background job; restore Python's handler.
+    # Without pdeathsig, only the launcher's own clean-up can stop the workers.
+    script = textwrap.dedent(f"""
+        import signal, sys
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        import mdtrain.launch
+        from mdtrain.launch import run_workers
+        if not {pdeathsig!r}:
+            mdtrain.launch._child_setup = lambda: None
+        sys.exit(run_workers({FAKE!r}, 2, log_dir={str(tmp_path / "logs")!r}))
+    """)
+    env = _env(FAKE_SLEEP="0:inf,1:inf", FAKE_PIDS=pids, PYTHONPATH=ROOT)
+    return subprocess.Popen(
+        [sys.executable, "-c", script],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,  # so the test's own signals stay with this launcher
+    )
+
+
+@pytest.mark.parametrize("sig, expected", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_signal_to_launcher_stops_all_workers(tmp_path, sig, expected):
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    launcher = _start_launcher(tmp_path, pids, pdeathsig=False)
+    try:
+        workers = _pids(pids, 2)
+        launcher.send_signal(sig)
+        out, _ = launcher.communicate(timeout=20)
+        assert launcher.returncode == expected, out
+        assert "stopping all workers" in out
+        assert _wait_gone(workers) == []
+    finally:
+        launcher.kill()
+        _kill_leftovers(pids)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux-only")
+def test_sigkill_of_launcher_kills_workers(tmp_path):
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    launcher = _start_launcher(tmp_path, pids)
+    try:
+        workers = _pids(pids, 2)
+        launcher.kill()
+        launcher.wait(timeout=10)
+        assert _wait_gone(workers) == []
+    finally:
+        launcher.kill()
+        _kill_leftovers(pids)
+
+
+ALL_REDUCE = """
+import os
+os.environ["CUDA_VISIBLE_DEVICES"] = ""
+import tensorflow as tf
+
+strategy = tf.distribute.MultiWorkerMirroredStrategy()
+values = strategy.experimental_distribute_values_from_function(
+    lambda ctx: tf.constant(float(ctx.replica_id_in_sync_group + 1))
+)
+total = strategy.reduce(tf.distribute.ReduceOp.SUM, values, axis=None)
+print(f"replicas={strategy.num_replicas_in_sync} sum={float(total)}", flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_real_multiworker_all_reduce(tmp_path):
+    script = tmp_path / "all_reduce.py"
+    script.write_text(ALL_REDUCE)
+    stream = io.StringIO()
+    env = _env(TF_CPP_MIN_LOG_LEVEL="2")
+    code = run_workers(
+        [sys.executable, str(script)],
+        2,
+        log_dir=tmp_path / "logs",
+        env=env,
+        stream=stream,
+        hang_timeout_s=120,
+    )
+    out = stream.getvalue()
+    assert code == 0, out
+    for i in range(2):
+        assert f"[worker {i}] replicas=2 sum=3.0" in out, out
