@@ -8,8 +8,9 @@ group is restarted; a hang is reported instead of waited on forever.
 
 Exit codes of `run_workers` and `launch`: the chief's (worker 0's) status when
 every worker ends on its own; the failing worker's status when a worker fails and
-no restarts are left; 124 when workers appear stuck; 130 on Ctrl-C; 143 on
-SIGTERM. A process killed by signal N counts as 128 + N, as in a shell.
+no restarts are left (exit code 2, a usage error, is never restarted); 124 when
+workers appear stuck; 130 on Ctrl-C; 143 on SIGTERM. A process killed by signal N
+counts as 128 + N, as in a shell.
 
 Security: TensorFlow's gRPC servers are unauthenticated; anyone who can reach a
 worker's port can join or disrupt the job. The launcher binds 127.0.0.1 only
@@ -33,6 +34,7 @@ from typing import TextIO
 from mdtrain.errors import UsageError
 
 HANG_EXIT_CODE = 124
+USAGE_EXIT_CODE = 2
 _GRACE_S = 5.0  # between SIGTERM and SIGKILL: long enough to flush logs, short enough to wait
 _POLL_S = 0.1
 
@@ -317,8 +319,11 @@ def _watch(attempt: _Attempt, number: int, restarts: int, hang_timeout_s, say) -
         failed = [(i, c) for i, c in enumerate(codes) if c not in (None, 0)]
         # Once the chief has finished cleanly the job's result is saved: later failures are noise.
         if failed and codes[0] != 0:
-            left = number <= restarts
+            # Exit code 2 is a usage error (argparse, mdtrain's CLI): a restart would repeat it.
+            usage = any(c == USAGE_EXIT_CODE for _, c in failed)
+            left = number <= restarts and not usage
             plan = f"restart {number} of {restarts}" if left else "no restarts left"
+            plan = "bad input, not restarting" if usage and number <= restarts else plan
             what = ", ".join(f"worker {i} exited with code {c}" for i, c in failed)
             say(f"{what}; stopping the others; {plan}")
             _stop(procs)

@@ -170,6 +170,11 @@ def test_returns_chief_status(tmp_path):
     assert "worker 0 exited with code 3; stopping the others; no restarts left" in out
 
 
+def test_usage_error_exit_is_not_restarted(tmp_path):
+    code, out = _run(2, tmp_path, env=_env(FAKE_EXIT="0:2,1:2"), restarts=1)
+    assert code == 2 and "bad input, not restarting" in out and "attempt 2" not in out
+
+
 def test_crash_without_restarts_fails(tmp_path):
     env = _env(FAKE_CRASH=f"1:{tmp_path}", FAKE_SLEEP="0:30")
     start = time.monotonic()
