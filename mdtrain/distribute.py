@@ -1,0 +1,260 @@
+"""Choosing a `tf.distribute` strategy, and the batch arithmetic that goes with it.
+
+Strategy names (the `--strategy` option):
+
+- `auto`: a TPU if one is attached, else MirroredStrategy over every GPU,
+  else MirroredStrategy over 2 virtual CPU replicas, so the distributed code
+  path always runs;
+- `mirrored`: MirroredStrategy over every GPU (one CPU replica without GPUs);
+- `multiworker`: MultiWorkerMirroredStrategy; the cluster comes from
+  `TF_CONFIG` (set by `mdtrain launch`, Kubernetes, ...) or from Slurm;
+- `tpu`: TPUStrategy;
+- `one`: one device, no distribution;
+- `cpu:N`: MirroredStrategy over N virtual CPU devices: real replicas and a
+  real all-reduce on a CPU-only machine.
+
+Virtual CPU devices and GPU memory growth can only be configured before
+TensorFlow initialises its devices, so call `configure_devices` first thing
+in a fresh process (the CLI does).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+
+import tensorflow as tf
+
+from mdtrain.errors import UsageError
+
+STRATEGIES = ("auto", "mirrored", "multiworker", "tpu", "one", "cpu:N")
+_CPU = re.compile(r"^cpu:(\d+)$")
+
+
+def check_strategy_name(name: str) -> str:
+    """Returns `name` if it is a known strategy, else raises `UsageError`."""
+    m = _CPU.match(name)
+    if name in STRATEGIES[:-1] or (m and int(m.group(1)) >= 1):
+        return name
+    raise UsageError(f"--strategy {name}: unknown; choose one of {', '.join(STRATEGIES)} (N >= 1)")
+
+
+def _virtual_cpus(n: int) -> None:
+    cpus = tf.config.list_physical_devices("CPU")
+    try:
+        tf.config.set_logical_device_configuration(
+            cpus[0], [tf.config.LogicalDeviceConfiguration() for _ in range(n)]
+        )
+    except RuntimeError:
+        have = len(tf.config.list_logical_devices("CPU"))
+        if have < n:
+            raise UsageError(
+                f"--strategy cpu:{n}: TensorFlow already started with {have} CPU device(s); "
+                "virtual CPUs must be set before any TensorFlow work: restart the Python "
+                "process or notebook kernel and call configure_devices first"
+            ) from None
+
+
+def configure_devices(strategy: str = "auto") -> None:
+    """Prepares devices for `strategy`: GPU memory growth, virtual CPU replicas.
+
+    Must run before TensorFlow touches a device. Calling it again with the
+    same strategy is harmless.
+
+    Args:
+        strategy: strategy name (see module doc). Defaults to `"auto"`.
+
+    Raises:
+        UsageError: for an unknown name, or virtual CPUs asked for too late.
+    """
+    check_strategy_name(strategy)
+    gpus = tf.config.list_physical_devices("GPU")
+    for gpu in gpus:
+        try:  # take memory as needed rather than all of it up front
+            tf.config.experimental.set_memory_growth(gpu, True)
+        except RuntimeError:
+            pass  # devices already initialised: growth was set before, or cannot be now
+    m = _CPU.match(strategy)
+    if m:
+        _virtual_cpus(int(m.group(1)))
+    elif strategy == "auto" and not gpus and not _tpu_available():
+        _virtual_cpus(2)
+
+
+def _tpu_available() -> bool:
+    if not (os.environ.get("TPU_NAME") or os.environ.get("COLAB_TPU_ADDR")
+            or os.path.exists("/dev/accel0") or os.path.exists("/dev/vfio/0")):  # fmt: skip
+        return False
+    try:
+        tf.distribute.cluster_resolver.TPUClusterResolver()
+        return True
+    except (ValueError, RuntimeError):
+        return False
+
+
+def _tpu_strategy() -> tf.distribute.Strategy:
+    resolver = tf.distribute.cluster_resolver.TPUClusterResolver()
+    tf.config.experimental_connect_to_cluster(resolver)
+    tf.tpu.experimental.initialize_tpu_system(resolver)
+    return tf.distribute.TPUStrategy(resolver)
+
+
+def multiworker_strategy(timeout_s: float | None = 600) -> tf.distribute.Strategy:
+    """MultiWorkerMirroredStrategy for a cluster described by TF_CONFIG or Slurm.
+
+    Under Slurm (SLURM_JOB_ID set and no TF_CONFIG) the cluster comes from
+    `SlurmClusterResolver`; otherwise from `TF_CONFIG`. (A TPU cluster resolver,
+    as some tutorials show, has nothing to do with multi-worker GPU training.)
+
+    Args:
+        timeout_s: seconds a collective may wait for a missing worker before
+            failing instead of hanging. Defaults to 600.
+
+    Returns:
+        The strategy.
+
+    Raises:
+        UsageError: if neither TF_CONFIG nor Slurm describes a cluster.
+    """
+    if os.environ.get("TF_CONFIG"):
+        resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    elif os.environ.get("SLURM_JOB_ID"):
+        resolver = tf.distribute.cluster_resolver.SlurmClusterResolver()
+    else:
+        raise UsageError(
+            "--strategy multiworker needs a cluster: set TF_CONFIG (see `mdtrain launch`) "
+            "or run under Slurm"
+        )
+    options = tf.distribute.experimental.CommunicationOptions(timeout_seconds=timeout_s)
+    return tf.distribute.MultiWorkerMirroredStrategy(
+        cluster_resolver=resolver, communication_options=options
+    )
+
+
+def make_strategy(strategy: str = "auto") -> tf.distribute.Strategy:
+    """Creates the `tf.distribute.Strategy` named by `strategy`.
+
+    Call `configure_devices(strategy)` before, in the same process.
+
+    Args:
+        strategy: one of `auto`, `mirrored`, `multiworker`, `tpu`, `one`,
+            `cpu:N`. Defaults to `"auto"`.
+
+    Returns:
+        The strategy; `strategy.num_replicas_in_sync` tells how many replicas.
+
+    Raises:
+        UsageError: for an unknown name or a missing device.
+
+    Example:
+
+    >>> configure_devices("cpu:2")
+    >>> make_strategy("cpu:2").num_replicas_in_sync
+    2
+    """
+    check_strategy_name(strategy)
+    gpus = tf.config.list_logical_devices("GPU")
+    if strategy == "auto":
+        if _tpu_available():
+            return _tpu_strategy()
+        if gpus:
+            return tf.distribute.MirroredStrategy()
+        strategy = f"cpu:{max(2, len(tf.config.list_logical_devices('CPU')))}"
+    if strategy == "mirrored":
+        return tf.distribute.MirroredStrategy()
+    if strategy == "multiworker":
+        return multiworker_strategy()
+    if strategy == "tpu":
+        if not _tpu_available():
+            raise UsageError("--strategy tpu: no TPU found; use auto, mirrored or cpu:N")
+        return _tpu_strategy()
+    if strategy == "one":
+        return tf.distribute.OneDeviceStrategy("/gpu:0" if gpus else "/cpu:0")
+    n = int(_CPU.match(strategy).group(1))
+    cpus = tf.config.list_logical_devices("CPU")
+    if len(cpus) < n:
+        raise UsageError(
+            f"--strategy cpu:{n}: only {len(cpus)} CPU device(s); call configure_devices"
+            f"('cpu:{n}') before TensorFlow starts"
+        )
+    return tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(n)])
+
+
+def resolve_global_batch_size(
+    num_replicas: int, per_replica: int | None = None, global_batch: int | None = None
+) -> int:
+    """Global batch = per-replica batch × replicas, from whichever one is given.
+
+    Args:
+        num_replicas: replicas in sync.
+        per_replica: examples per replica per step. Defaults to None.
+        global_batch: examples per step over all replicas. Defaults to None
+            (then 32 per replica when `per_replica` is None too).
+
+    Returns:
+        The global batch size.
+
+    Raises:
+        UsageError: if both are given, one is not positive, or the global
+            batch is not a multiple of the replica count.
+    """
+    if per_replica is not None and global_batch is not None:
+        raise UsageError("give --batch-size-per-replica or --global-batch-size, not both")
+    if global_batch is None:
+        per_replica = 32 if per_replica is None else per_replica
+        if per_replica < 1:
+            raise UsageError(f"--batch-size-per-replica {per_replica}: must be at least 1")
+        return per_replica * num_replicas
+    if global_batch < num_replicas:
+        raise UsageError(
+            f"--global-batch-size {global_batch}: smaller than the {num_replicas} replicas; "
+            "every replica needs at least one example per step"
+        )
+    if global_batch % num_replicas:
+        raise UsageError(
+            f"--global-batch-size {global_batch}: not a multiple of the {num_replicas} "
+            "replicas; use a multiple, or --batch-size-per-replica"
+        )
+    return global_batch
+
+
+@dataclass
+class BatchGeometry:
+    """How a dataset's examples split into steps and replicas."""
+
+    num_examples: int
+    global_batch_size: int
+    num_replicas: int
+
+    @property
+    def per_replica_batch_size(self) -> int:
+        return self.global_batch_size // self.num_replicas
+
+    @property
+    def steps(self) -> int:
+        return -(-self.num_examples // self.global_batch_size)
+
+    @property
+    def last_batch_size(self) -> int:
+        return self.num_examples - (self.steps - 1) * self.global_batch_size
+
+    def split(self, batch_size: int) -> list[int]:
+        """Examples each replica gets from a batch of `batch_size` (uneven when partial)."""
+        per = -(-batch_size // self.num_replicas)
+        sizes, left = [], batch_size
+        for _ in range(self.num_replicas):
+            sizes.append(min(per, left))
+            left -= sizes[-1]
+        return sizes
+
+    def describe(self) -> str:
+        """One line for the start of a run."""
+        text = (
+            f"global batch {self.global_batch_size} = {self.per_replica_batch_size} per replica "
+            f"x {self.num_replicas} replica(s); {self.num_examples} examples -> {self.steps} "
+            "steps per epoch"
+        )
+        if self.last_batch_size != self.global_batch_size:
+            text += f"; last batch {self.last_batch_size} split {self.split(self.last_batch_size)}"
+        return text

@@ -1,0 +1,207 @@
+"""Training steps whose loss is exact under any number of replicas, and a custom loop.
+
+Under a strategy each replica sees a slice of the global batch and the
+optimizer SUMS the replicas' gradients. For the sum to equal the gradient of
+the mean loss over the global batch, each replica must divide its *summed*
+per-example loss by the number of examples in the *whole* global batch:
+
+    loss_on_replica = sum(per_example_loss on this replica) / global_count
+
+`global_count` is all-reduced every step, so it is right for the last,
+partial batch too, where replicas get uneven slices (even none). Keras 3's
+built-in `fit` instead scales each replica's *mean* loss by
+1/num_replicas_in_sync, which is wrong whenever the slices are uneven, and so
+is the common recipe `compute_average_loss(..., global_batch_size=GLOBAL)`,
+which divides a partial batch by the full batch size.
+
+`ExactTrainer` puts these steps in a Keras model, so `model.fit` and
+`custom_fit` (a hand-written `strategy.run` loop) run the same code and end
+with the same weights.
+"""
+
+from __future__ import annotations
+
+import time
+
+import keras
+import tensorflow as tf
+
+
+def global_example_count(local_batch_size) -> tf.Tensor:
+    """Examples in the global batch: the sum of every replica's local count."""
+    local = tf.cast(local_batch_size, tf.float32)
+    ctx = tf.distribute.get_replica_context()
+    if ctx is None or ctx.num_replicas_in_sync == 1:
+        return local
+    return ctx.all_reduce(tf.distribute.ReduceOp.SUM, local)
+
+
+def replica_loss(per_example_loss: tf.Tensor) -> tf.Tensor:
+    """This replica's share of the global mean loss (see module doc).
+
+    Summing `replica_loss` over replicas gives the mean of `per_example_loss`
+    over the whole global batch, whatever the slices' sizes.
+
+    Args:
+        per_example_loss: shape (local_batch,), this replica's examples.
+
+    Returns:
+        A scalar: local sum / global example count.
+    """
+    count = global_example_count(tf.shape(per_example_loss)[0])
+    return tf.reduce_sum(per_example_loss) / tf.maximum(count, 1.0)
+
+
+class ExactTrainer(keras.Model):
+    """Wraps a classifier with train and test steps that are exact under a strategy.
+
+    Args:
+        net: the classifier (images in, class probabilities out).
+        class_weights: optional weight per class, multiplied into each
+            example's loss (Keras' `class_weight` meaning). Defaults to None.
+
+    Example:
+
+    >>> trainer = ExactTrainer(build_model("small-cnn", 5, 64))  # doctest: +SKIP
+    >>> trainer.compile(optimizer="adam")
+    >>> trainer.fit(train_ds, epochs=3)
+    """
+
+    def __init__(self, net: keras.Model, class_weights=None, **kwargs):
+        super().__init__(**kwargs)
+        self.net = net
+        self.class_weights = None if class_weights is None else tf.constant(class_weights, tf.float32)
+        self.per_example_loss = keras.losses.SparseCategoricalCrossentropy(reduction=None)
+        self.loss_tracker = keras.metrics.Mean(name="loss")
+        self.accuracy_metric = keras.metrics.SparseCategoricalAccuracy(name="accuracy")
+
+    def call(self, images, training=False):
+        return self.net(images, training=training)
+
+    @property
+    def metrics(self):
+        return [self.loss_tracker, self.accuracy_metric]
+
+    def _example_losses(self, labels, probabilities, weighted: bool):
+        losses = self.per_example_loss(labels, probabilities)
+        if weighted and self.class_weights is not None:
+            losses = losses * tf.gather(self.class_weights, tf.cast(labels, tf.int32))
+        return losses
+
+    def train_step(self, data):
+        images, labels = data
+        with tf.GradientTape() as tape:
+            probabilities = self.net(images, training=True)
+            losses = self._example_losses(labels, probabilities, weighted=True)
+            loss = replica_loss(losses)
+            # Identity unless mixed float16 wrapped the optimizer in a
+            # LossScaleOptimizer, which then unscales in apply().
+            scaled = self.optimizer.scale_loss(loss)
+        variables = self.net.trainable_variables
+        gradients = tape.gradient(scaled, variables)
+        self.optimizer.apply(gradients, variables)  # all-reduces (sums) across replicas
+        self.loss_tracker.update_state(losses)
+        self.accuracy_metric.update_state(labels, probabilities)
+        return {m.name: m.result() for m in self.metrics}
+
+    def test_step(self, data):
+        images, labels = data
+        probabilities = self.net(images, training=False)
+        self.loss_tracker.update_state(self._example_losses(labels, probabilities, weighted=False))
+        self.accuracy_metric.update_state(labels, probabilities)
+        return {m.name: m.result() for m in self.metrics}
+
+
+def _results(trainer: keras.Model, prefix: str = "") -> dict[str, float]:
+    return {prefix + m.name: float(m.result()) for m in trainer.metrics}
+
+
+def custom_fit(
+    trainer: ExactTrainer,
+    strategy: tf.distribute.Strategy,
+    train_ds: tf.data.Dataset,
+    *,
+    epochs: int,
+    steps_per_epoch: int,
+    num_examples: int,
+    val_ds: tf.data.Dataset | None = None,
+    initial_epoch: int = 0,
+    callbacks: list | None = None,
+    verbose: int = 2,
+) -> keras.callbacks.History:
+    """Trains with a hand-written `strategy.run` loop; same numerics as `trainer.fit`.
+
+    The loop fetches each distributed batch itself, so it can time how long
+    it waited for input, then runs one compiled step on every replica.
+    Validation runs distributed too. Keras callbacks (checkpoints, early
+    stopping, backups, mdtrain's monitor) work as with `fit`.
+
+    Args:
+        trainer: a compiled `ExactTrainer`, created under `strategy.scope()`.
+        strategy: the strategy.
+        train_ds: globally batched dataset holding epochs `initial_epoch`…`epochs - 1`
+            back to back (`InputData.train_epochs`).
+        epochs: index of the epoch to stop before.
+        steps_per_epoch: steps in one epoch.
+        num_examples: training examples per epoch (gives the last batch's size).
+        val_ds: globally batched validation data. Defaults to None.
+        initial_epoch: first epoch to run. Defaults to 0.
+        callbacks: Keras callbacks. Defaults to None.
+        verbose: 0 silent, 1 progress bar, 2 one line per epoch. Defaults to 2.
+
+    Returns:
+        The `History` callback; `.history` maps metric names to per-epoch lists.
+    """
+    train_dist = strategy.experimental_distribute_dataset(train_ds)
+    val_dist = strategy.experimental_distribute_dataset(val_ds) if val_ds is not None else None
+
+    @tf.function
+    def train_step(batch):
+        strategy.run(trainer.train_step, args=(batch,))
+
+    @tf.function
+    def test_step(batch):
+        strategy.run(trainer.test_step, args=(batch,))
+
+    global_batch = -(-num_examples // steps_per_epoch)
+    batch_sizes = [global_batch] * (steps_per_epoch - 1)
+    batch_sizes.append(num_examples - global_batch * (steps_per_epoch - 1))
+    history = keras.callbacks.History()
+    cbs = keras.callbacks.CallbackList(
+        [*(callbacks or []), history],
+        add_progbar=verbose > 0,
+        model=trainer,
+        verbose=verbose,
+        epochs=epochs,
+        steps=steps_per_epoch,
+    )
+    trainer.stop_training = False
+    iterator = iter(train_dist)
+    cbs.on_train_begin()
+    logs: dict[str, float] = {}
+    for epoch in range(initial_epoch, epochs):
+        trainer.reset_metrics()
+        cbs.on_epoch_begin(epoch)
+        for step in range(steps_per_epoch):
+            start = time.perf_counter()
+            batch = next(iterator)
+            waited = time.perf_counter() - start
+            cbs.on_train_batch_begin(step)
+            train_step(batch)
+            logs = _results(trainer)
+            cbs.on_train_batch_end(
+                step, {**logs, "batch_size": batch_sizes[step], "input_wait_s": waited}
+            )
+        logs = _results(trainer)
+        if val_dist is not None:
+            trainer.reset_metrics()
+            cbs.on_test_begin()
+            for batch in val_dist:
+                test_step(batch)
+            logs.update(_results(trainer, "val_"))
+            cbs.on_test_end(logs)
+        cbs.on_epoch_end(epoch, logs)
+        if trainer.stop_training:
+            break
+    cbs.on_train_end(logs)
+    return history

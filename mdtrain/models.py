@@ -1,0 +1,185 @@
+"""Classifiers: a small CNN, and EfficientNetV2 for transfer learning.
+
+Every model takes images as 0–255 values (uint8 from the pipeline) and does
+its own scaling, and ends in a float32 softmax, so it is numerically safe
+under mixed precision. Keras' EfficientNetV2 rescales its input itself
+(`include_preprocessing=True`): feed it 0–255, not 0–1 — dividing by 255
+first is the classic silent mistake that ruins pretrained accuracy.
+"""
+
+from __future__ import annotations
+
+import os
+
+import keras
+from keras import layers
+
+from mdtrain.errors import UsageError
+
+_EFFICIENTNETS = {
+    "efficientnetv2-b0": "EfficientNetV2B0",
+    "efficientnetv2-b1": "EfficientNetV2B1",
+    "efficientnetv2-b2": "EfficientNetV2B2",
+    "efficientnetv2-b3": "EfficientNetV2B3",
+    "efficientnetv2-s": "EfficientNetV2S",
+}
+MODELS = ("small-cnn", *_EFFICIENTNETS)
+BASE_NAME = "base"
+
+
+def _head(x, num_classes: int, dropout: float):
+    if dropout:
+        x = layers.Dropout(dropout, name="head_dropout")(x)
+    x = layers.Dense(num_classes, name="head_dense")(x)
+    # float32 softmax: under mixed precision float16 probabilities lose the small ones
+    return layers.Activation("softmax", dtype="float32", name="probabilities")(x)
+
+
+def small_cnn(image_size: int, num_classes: int, dropout: float = 0.2) -> keras.Model:
+    """A four-block CNN that trains in minutes on a CPU.
+
+    BatchNormalization is `synchronized`: under a strategy its batch statistics
+    cover the whole global batch, not one replica's slice, so N replicas
+    compute what one device would.
+
+    Args:
+        image_size: side of the square input.
+        num_classes: number of classes.
+        dropout: dropout rate before the last layer. Defaults to 0.2.
+
+    Returns:
+        An uncompiled functional model.
+    """
+    inputs = keras.Input((image_size, image_size, 3), name="image")
+    x = layers.Rescaling(1 / 255.0)(inputs)
+    for i, filters in enumerate((32, 64, 96, 128)):
+        x = layers.Conv2D(filters, 3, padding="same", use_bias=False, name=f"conv{i}")(x)
+        x = layers.BatchNormalization(synchronized=True, name=f"bn{i}")(x)
+        x = layers.Activation("relu")(x)
+        x = layers.MaxPooling2D()(x)
+    x = layers.GlobalAveragePooling2D()(x)
+    return keras.Model(inputs, _head(x, num_classes, dropout), name="small_cnn")
+
+
+def _resolve_weights(weights: str | None) -> str | None:
+    if weights in (None, "none", "None"):
+        return None
+    if weights == "imagenet":
+        return "imagenet"
+    if not os.path.isfile(weights):
+        raise UsageError(
+            f"--weights {weights}: no such file; pass imagenet, none, or the path of a "
+            "Keras weights file for this model without its top (…_notop.h5)"
+        )
+    return weights
+
+
+def efficientnetv2(
+    name: str, image_size: int, num_classes: int, weights: str | None = "imagenet", dropout: float = 0.2
+) -> keras.Model:
+    """EfficientNetV2 base (frozen) with a new classification head.
+
+    Args:
+        name: one of `efficientnetv2-b0` … `-b3`, `-s`.
+        image_size: side of the square input.
+        num_classes: number of classes.
+        weights: `"imagenet"` (downloaded once; needs network), None/`"none"`
+            (random initialisation), or a local `…_notop.h5` file. Defaults to
+            `"imagenet"`.
+        dropout: dropout rate before the last layer. Defaults to 0.2.
+
+    Returns:
+        An uncompiled model whose base layer is named `"base"` and frozen.
+
+    Raises:
+        UsageError: if the weights cannot be found or downloaded.
+    """
+    weights = _resolve_weights(weights)
+    constructor = getattr(keras.applications, _EFFICIENTNETS[name])
+    try:
+        base = constructor(
+            include_top=False,
+            weights=weights,
+            input_shape=(image_size, image_size, 3),
+            pooling="avg",
+            include_preprocessing=True,  # expects 0–255 input
+        )
+    except ValueError as e:
+        raise UsageError(f"--weights {weights}: cannot be loaded into {name}: {e}") from None
+    except Exception as e:  # download failures come as several exception types
+        raise UsageError(
+            f"--weights imagenet: could not download the ImageNet weights of {name} "
+            f"({type(e).__name__}); without network, attach the …_notop.h5 file and pass "
+            "--weights PATH, or use --weights none"
+        ) from None
+    base._name = BASE_NAME
+    base.trainable = False
+    inputs = keras.Input((image_size, image_size, 3), name="image")
+    # training=False keeps BatchNormalization in inference mode even after the
+    # base is unfrozen for fine-tuning: updating its statistics on a small
+    # dataset would wreck the pretrained features.
+    x = base(inputs, training=False)
+    return keras.Model(inputs, _head(x, num_classes, dropout), name=name.replace("-", "_"))
+
+
+def build_model(
+    name: str,
+    num_classes: int,
+    image_size: int,
+    weights: str | None = "none",
+    dropout: float = 0.2,
+) -> keras.Model:
+    """Builds a classifier by name; see `MODELS`.
+
+    Args:
+        name: `small-cnn` or an EfficientNetV2 variant (`efficientnetv2-b0`…).
+        num_classes: number of classes.
+        image_size: side of the square input in pixels.
+        weights: EfficientNetV2 weights: `imagenet`, `none`, or a file path.
+            Ignored by `small-cnn`. Defaults to `"none"`.
+        dropout: dropout before the last layer. Defaults to 0.2.
+
+    Returns:
+        An uncompiled Keras model taking 0–255 images and giving class
+        probabilities.
+
+    Raises:
+        UsageError: for an unknown model or unusable weights.
+
+    Example:
+
+    >>> build_model("small-cnn", num_classes=5, image_size=64).output_shape
+    (None, 5)
+    """
+    if not 0 <= dropout < 1:
+        raise UsageError(f"--dropout {dropout}: must be in [0, 1)")
+    if name == "small-cnn":
+        return small_cnn(image_size, num_classes, dropout)
+    if name in _EFFICIENTNETS:
+        if image_size < 32:
+            raise UsageError(f"--image-size {image_size}: EfficientNetV2 needs at least 32")
+        return efficientnetv2(name, image_size, num_classes, weights, dropout)
+    raise UsageError(f"--model {name}: unknown; choose one of {', '.join(MODELS)}")
+
+
+def unfreeze_top(model: keras.Model, fraction: float = 0.2) -> int:
+    """Makes the top `fraction` of the base's layers trainable for fine-tuning.
+
+    BatchNormalization layers stay frozen (and, through `training=False`, in
+    inference mode). Recompile the model afterwards, with a lower learning rate.
+
+    Args:
+        model: a model from `efficientnetv2`.
+        fraction: share of the base's layers, counted from the top. Defaults to 0.2.
+
+    Returns:
+        Number of layers made trainable.
+    """
+    base = model.get_layer(BASE_NAME)
+    base.trainable = True
+    cut = int(len(base.layers) * (1 - fraction))
+    count = 0
+    for i, layer in enumerate(base.layers):
+        layer.trainable = i >= cut and not isinstance(layer, layers.BatchNormalization)
+        count += layer.trainable
+    return count

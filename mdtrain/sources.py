@@ -1,0 +1,249 @@
+"""Datasets you can make or fetch: the synthetic demo, scikit-learn's digits, TF flowers.
+
+Each writes an ordinary class-folder dataset (``train/`` and ``val/``), so the
+rest of mdtrain treats them exactly like your own images. Writers never touch
+an existing folder: they build in a temporary folder beside the target and
+rename it into place, which also makes concurrent writers (several workers
+started at once) safe.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+from PIL import Image, ImageDraw, ImageFilter
+
+from mdtrain.errors import UsageError
+
+#: Classes of the synthetic demo dataset, in label order.
+SHAPES = ("circle", "cross", "square", "star", "triangle")
+
+FLOWERS_URL = "https://storage.googleapis.com/download.tensorflow.org/example_images/flower_photos.tgz"
+_MARKER = "mdtrain-dataset.json"
+
+
+def default_demo_dir() -> Path:
+    """Where `mdtrain train` keeps the demo dataset: `$MDTRAIN_DATA_DIR/demo`, else `data/demo`."""
+    return Path(os.environ.get("MDTRAIN_DATA_DIR", "data")) / "demo"
+
+
+def _shape_polygon(shape: str, cx: float, cy: float, r: float, angle: float) -> list:
+    if shape == "square":
+        pts = [(1, 1), (-1, 1), (-1, -1), (1, -1)]
+        pts = [(x * 0.8, y * 0.8) for x, y in pts]
+    elif shape == "triangle":
+        pts = [(math.cos(a), math.sin(a)) for a in np.linspace(0, 2 * math.pi, 4)[:3]]
+    elif shape == "star":
+        pts = [
+            ((1.0 if k % 2 == 0 else 0.45) * math.cos(a), (1.0 if k % 2 == 0 else 0.45) * math.sin(a))
+            for k, a in enumerate(np.linspace(0, 2 * math.pi, 11)[:10])
+        ]
+    elif shape == "cross":
+        w = 0.32
+        pts = [(w, 1), (-w, 1), (-w, w), (-1, w), (-1, -w), (-w, -w), (-w, -1), (w, -1),
+               (w, -w), (1, -w), (1, w), (w, w)]  # fmt: skip
+    else:
+        raise ValueError(shape)
+    c, s = math.cos(angle), math.sin(angle)
+    return [(cx + r * (c * x - s * y), cy + r * (s * x + c * y)) for x, y in pts]
+
+
+def draw_shape_image(shape: str, rng: np.random.Generator, size: int = 256) -> Image.Image:
+    """Draws one demo image: a shape of random colour, size, angle and place on clutter.
+
+    The background is a colour gradient with noise and a few outlined
+    distractors, and the shape is sometimes small, low-contrast or partly off
+    the frame, so telling the classes apart takes a few epochs of learning.
+
+    Args:
+        shape: one of `SHAPES`.
+        rng: random generator; the same state draws the same image.
+        size: nominal side in pixels; width and height each vary by ±25%.
+            Defaults to 256.
+
+    Returns:
+        An RGB PIL image.
+    """
+    w, h = (int(size * f) for f in rng.uniform(0.75, 1.25, 2))
+    top, bottom = rng.uniform(0, 255, 3), rng.uniform(0, 255, 3)
+    t = np.linspace(0, 1, h)[:, None, None]
+    bg = (1 - t) * top + t * bottom + rng.normal(0, 18, (h, w, 3))
+    img = Image.fromarray(np.clip(bg, 0, 255).astype(np.uint8).repeat(1, axis=1))
+    draw = ImageDraw.Draw(img)
+    for _ in range(rng.integers(2, 6)):  # distractors: lines and hollow ellipses
+        x0, y0, x1, y1 = rng.uniform(0, [w, h, w, h])
+        col = tuple(int(v) for v in rng.integers(0, 256, 3))
+        if rng.random() < 0.5:
+            draw.line([(x0, y0), (x1, y1)], fill=col, width=int(rng.integers(1, 5)))
+        else:
+            draw.ellipse([min(x0, x1), min(y0, y1), max(x0, x1), max(y0, y1)], outline=col, width=2)
+    r = min(w, h) * rng.uniform(0.12, 0.35)
+    cx, cy = rng.uniform(0.2, 0.8) * w, rng.uniform(0.2, 0.8) * h
+    colour = tuple(int(v) for v in rng.integers(0, 256, 3))
+    if shape == "circle":
+        draw.ellipse([cx - r, cy - r, cx + r, cy + r], fill=colour)
+    else:
+        draw.polygon(_shape_polygon(shape, cx, cy, r, rng.uniform(0, 2 * math.pi)), fill=colour)
+    return img.filter(ImageFilter.GaussianBlur(rng.uniform(0, 1.2)))
+
+
+def _write_atomically(out: Path, build) -> Path:
+    """Runs `build(tmp_dir)` and renames the result to `out`; refuses an existing `out`."""
+    if out.exists():
+        raise UsageError(f"{out} already exists; choose a new folder (nothing was overwritten)")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+    try:
+        build(tmp)
+        os.rename(tmp, out)
+    except OSError:
+        if out.is_dir() and (out / _MARKER).exists():  # another process won the race
+            return out
+        raise
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+    return out
+
+
+def make_synthetic_dataset(
+    out: str | os.PathLike,
+    classes: int = 5,
+    per_class: int = 300,
+    image_size: int = 256,
+    seed: int = 0,
+) -> Path:
+    """Writes the deterministic synthetic demo dataset as JPEG class folders.
+
+    `out/train/<shape>/` gets `per_class` images per class and `out/val/<shape>/`
+    a fifth as many. The same arguments always produce the same files.
+
+    Args:
+        out: folder to create; must not exist.
+        classes: number of shape classes, 2 to 5. Defaults to 5.
+        per_class: training images per class. Defaults to 300.
+        image_size: nominal image side; sizes vary by ±25% and are rarely
+            square. Defaults to 256.
+        seed: seed of the drawing. Defaults to 0.
+
+    Returns:
+        The dataset folder.
+
+    Raises:
+        UsageError: on bad arguments or an existing `out`.
+
+    Example:
+
+    >>> make_synthetic_dataset("/tmp/demo", per_class=50)  # doctest: +SKIP
+    """
+    if not 2 <= classes <= len(SHAPES):
+        raise UsageError(f"--classes {classes}: must be between 2 and {len(SHAPES)}")
+    if per_class < 5:
+        raise UsageError(f"--per-class {per_class}: must be at least 5")
+    if image_size < 16:
+        raise UsageError(f"--image-size {image_size}: must be at least 16 pixels")
+    params = dict(kind="synth", classes=classes, per_class=per_class, image_size=image_size, seed=seed)
+
+    def build(tmp: Path) -> None:
+        for split, n, offset in (("train", per_class, 0), ("val", max(per_class // 5, 1), 1)):
+            for label, shape in enumerate(SHAPES[:classes]):
+                folder = tmp / split / shape
+                folder.mkdir(parents=True)
+                for i in range(n):
+                    rng = np.random.default_rng([seed, offset, label, i])
+                    img = draw_shape_image(shape, rng, image_size)
+                    img.save(folder / f"{shape}_{i:05d}.jpg", quality=90)
+        (tmp / _MARKER).write_text(json.dumps(params))
+
+    return _write_atomically(Path(out), build)
+
+
+def ensure_demo_dataset(out: str | os.PathLike | None = None, **kwargs) -> Path:
+    """Returns the demo dataset folder, creating it on first use.
+
+    Args:
+        out: where it lives. Defaults to `default_demo_dir()`.
+        **kwargs: arguments of `make_synthetic_dataset`.
+
+    Returns:
+        The dataset folder.
+    """
+    out = Path(out) if out is not None else default_demo_dir()
+    if (out / _MARKER).exists():
+        return out
+    return make_synthetic_dataset(out, **kwargs)
+
+
+def write_digits_dataset(out: str | os.PathLike, scale: int = 4, seed: int = 0) -> Path:
+    """Writes scikit-learn's bundled handwritten digits as PNG class folders.
+
+    1,797 real 8×8 scans of the digits 0–9, enlarged `scale` times, split 80/20
+    per class into `train/` and `val/`. Needs no network.
+
+    Args:
+        out: folder to create; must not exist.
+        scale: enlargement factor. Defaults to 4 (32×32 pixels).
+        seed: seed of the train/val split. Defaults to 0.
+
+    Returns:
+        The dataset folder.
+    """
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    rng = np.random.default_rng(seed)
+
+    def build(tmp: Path) -> None:
+        for label in range(10):
+            idx = np.flatnonzero(digits.target == label)
+            rng.shuffle(idx)
+            n_val = round(len(idx) * 0.2)
+            for split, part in (("val", idx[:n_val]), ("train", idx[n_val:])):
+                folder = tmp / split / str(label)
+                folder.mkdir(parents=True)
+                for i in sorted(part):
+                    pixels = (digits.images[i] * (255 / 16)).astype(np.uint8)
+                    img = Image.fromarray(pixels, "L")
+                    img = img.resize((8 * scale, 8 * scale), Image.Resampling.BICUBIC)
+                    img.save(folder / f"digit_{i:04d}.png")
+        (tmp / _MARKER).write_text(json.dumps({"kind": "digits", "scale": scale, "seed": seed}))
+
+    return _write_atomically(Path(out), build)
+
+
+def download_flowers(cache_dir: str | os.PathLike = "data") -> Path:
+    """Downloads TensorFlow's flower photos (3,670 JPEGs, 5 classes) once.
+
+    Works where the network is open (Colab, Kaggle with internet on); offline
+    it fails with a clear message.
+
+    Args:
+        cache_dir: folder that receives `datasets/flower_photos`. Defaults to `data`.
+
+    Returns:
+        The class-folder dataset (use it with a validation split).
+
+    Raises:
+        UsageError: if the download fails.
+    """
+    import keras
+
+    try:
+        path = keras.utils.get_file(
+            "flower_photos", origin=FLOWERS_URL, untar=True, cache_dir=os.path.abspath(cache_dir)
+        )
+    except Exception as e:  # urllib raises several types; all mean "could not fetch"
+        raise UsageError(
+            f"could not download the flowers dataset from {FLOWERS_URL} ({type(e).__name__}: "
+            f"{str(e).splitlines()[0] if str(e) else ''}); without network, use "
+            "`mdtrain data synth` or `mdtrain data digits`"
+        ) from None
+    path = Path(path)
+    inner = path / "flower_photos"
+    return inner if inner.is_dir() else path
