@@ -1,0 +1,69 @@
+"""Live training monitor: GPU/CPU samplers, throughput, dashboard, verdict.
+
+Importing this package never imports TensorFlow or Keras: the samplers run on
+machines without them. The Keras pieces (`MonitorCallback`, `make_monitor`)
+load on first use.
+
+Example:
+
+```python
+from mdtrain.monitor import make_monitor
+
+monitor = make_monitor(global_batch_size=256, epochs=5)
+model.fit(train_ds, epochs=5, callbacks=[monitor])
+print(monitor.summary().verdict)
+```
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from mdtrain.monitor.cpu import CpuReader
+from mdtrain.monitor.display import in_notebook_kernel, resolve_display
+from mdtrain.monitor.nvml import NvmlReader
+from mdtrain.monitor.sampler import Sampler
+from mdtrain.monitor.samples import DeviceSample, Sample
+from mdtrain.monitor.summary import DeviceSummary, Summary, format_summary, summarize
+from mdtrain.monitor.throughput import Rates, ThroughputMeter
+from mdtrain.monitor.verdict import verdict
+
+# Loaded on first access: Keras (and so TensorFlow) for the callback,
+# ipywidgets for the dashboard.
+_LAZY = {
+    "MonitorCallback": "mdtrain.monitor.callback",
+    "make_monitor": "mdtrain.monitor.callback",
+    "Dashboard": "mdtrain.monitor.dashboard",
+    "DashboardState": "mdtrain.monitor.dashboard",
+}
+
+__all__ = [
+    "CpuReader",
+    "Dashboard",
+    "DashboardState",
+    "DeviceSample",
+    "DeviceSummary",
+    "MonitorCallback",
+    "NvmlReader",
+    "Rates",
+    "Sample",
+    "Sampler",
+    "Summary",
+    "ThroughputMeter",
+    "format_summary",
+    "in_notebook_kernel",
+    "make_monitor",
+    "resolve_display",
+    "summarize",
+    "verdict",
+]
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'mdtrain.monitor' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -1,0 +1,454 @@
+"""Unit tests for mdtrain.monitor: fake samplers and clocks, no GPU needed."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from mdtrain.monitor import (
+    DeviceSample,
+    NvmlReader,
+    Rates,
+    Sample,
+    Sampler,
+    ThroughputMeter,
+    format_summary,
+    resolve_display,
+    summarize,
+    verdict,
+)
+from mdtrain.monitor import sampler as sampler_module
+from mdtrain.monitor.nvml import _visible_indices
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+    def advance(self, seconds: float) -> None:
+        self.t += seconds
+
+
+class FakeGpuReader:
+    """Two GPUs at fixed figures: what NVML would return on a 2-GPU box."""
+
+    error = None
+    names = ["GPU 0 (Fake)", "GPU 1 (Fake)"]
+
+    def __init__(self, utils=(90.0, 80.0)) -> None:
+        self.utils = utils
+        self.closed = False
+
+    def read(self):
+        return tuple(
+            DeviceSample(n, "gpu", u, 4 * 2**30, 16 * 2**30, 70.0, 60.0)
+            for n, u in zip(self.names, self.utils, strict=True)
+        )
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class NoGpuReader:
+    error = "NVML unavailable (test)"
+    names: list[str] = []
+
+    def read(self):
+        return ()
+
+    def close(self) -> None:
+        pass
+
+
+class FakeCpuReader:
+    def read(self):
+        return DeviceSample("CPU", "cpu", 50.0, 2**30, 8 * 2**30)
+
+
+class FakeSampler:
+    """What the callback needs from a sampler, with no thread at all."""
+
+    def __init__(self, gpu_util: float | None = 90.0) -> None:
+        devices = [DeviceSample("CPU", "cpu", 40.0, 2**30, 8 * 2**30)]
+        if gpu_util is not None:
+            devices.insert(0, DeviceSample("GPU 0 (Fake)", "gpu", gpu_util, 2**30, 2**34))
+        self.sample = Sample(time=time.monotonic(), devices=tuple(devices))
+        self.started = self.stopped = 0
+
+    def start(self):
+        self.started += 1
+        return self
+
+    def stop(self):
+        self.stopped += 1
+
+    def latest(self):
+        return self.sample
+
+    def history(self, since=None):
+        return [self.sample]
+
+
+# --- verdict -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "wait, util, first_word",
+    [
+        (0.38, None, "input-bound:"),
+        (0.38, 95.0, "input-bound:"),
+        (0.05, 95.0, "compute-bound:"),
+        (None, 95.0, "compute-bound:"),
+        (None, 20.0, "input-bound"),  # "(likely)": utilisation is the only evidence
+        (0.05, 20.0, "under-used:"),
+        (None, 55.0, "under-used:"),
+        (0.05, None, "compute-bound:"),
+        (None, None, "unknown:"),
+    ],
+)
+def test_verdict_on_numbers(wait, util, first_word):
+    assert verdict(wait, util).split()[0] == first_word
+
+
+def test_verdict_names_the_wait_share_and_the_fix():
+    text = verdict(0.38, 41.0)
+    assert "38%" in text and "cache the dataset" in text
+
+
+# --- throughput ----------------------------------------------------------------------
+
+
+def _run_steps(meter, clock, n, seconds, **logs):
+    for step in range(n):
+        meter.batch_begin(step)
+        clock.advance(seconds)
+        meter.batch_end(step, **logs)
+
+
+def test_meter_counts_the_global_batch_and_skips_warmup():
+    clock = FakeClock()
+    meter = ThroughputMeter(256, warmup_steps=1, clock=clock)
+    meter.epoch_begin()
+    _run_steps(meter, clock, 11, 0.1)
+    rates = meter.train_rates()
+    assert rates.steps == 10 and rates.images == 2560
+    assert rates.images_per_sec == pytest.approx(2560.0)
+    assert rates.step_time_s == pytest.approx(0.1)
+    assert rates.input_wait_share is None  # model.fit: unknown, not zero
+
+
+def test_meter_uses_logged_batch_size_and_wait():
+    clock = FakeClock()
+    meter = ThroughputMeter(100, warmup_steps=0, clock=clock)
+    meter.epoch_begin()
+    _run_steps(meter, clock, 3, 0.5, batch_size=100, input_wait_s=0.2)
+    meter.batch_begin(3)
+    clock.advance(0.25)
+    meter.batch_end(3, batch_size=30, input_wait_s=0.0)  # the partial last batch
+    rates = meter.epoch_rates()
+    assert rates.images == 330
+    assert rates.images_per_sec == pytest.approx(330 / 1.75)
+    assert rates.input_wait_share == pytest.approx(0.6 / 1.75)
+
+
+def test_meter_step_time_includes_fetching_between_steps():
+    # The loop fetches between batch_end and the next batch_begin: still step time.
+    clock = FakeClock()
+    meter = ThroughputMeter(10, warmup_steps=0, clock=clock)
+    meter.epoch_begin()
+    for step in range(4):
+        clock.advance(0.3)  # blocked on next(iterator)
+        meter.batch_begin(step)
+        clock.advance(0.1)
+        meter.batch_end(step, input_wait_s=0.3)
+    rates = meter.epoch_rates()
+    assert rates.step_time_s == pytest.approx(0.4)
+    assert rates.input_wait_share == pytest.approx(0.75)
+
+
+def test_meter_handles_steps_per_execution():
+    clock = FakeClock()
+    meter = ThroughputMeter(8, warmup_steps=0, clock=clock)
+    meter.epoch_begin()
+    meter.batch_begin(0)
+    for batch in (3, 7, 11):  # Keras reports every 4th step
+        clock.advance(0.4)
+        meter.batch_end(batch)
+    rates = meter.epoch_rates()
+    assert rates.steps == 12 and rates.images == 96
+
+
+def test_meter_epoch_gap_is_not_step_time():
+    clock = FakeClock()
+    meter = ThroughputMeter(10, warmup_steps=0, clock=clock)
+    meter.epoch_begin()
+    _run_steps(meter, clock, 2, 0.1)
+    clock.advance(30.0)  # validation, checkpointing
+    meter.epoch_begin()
+    _run_steps(meter, clock, 2, 0.1)
+    assert meter.train_rates().step_time_s == pytest.approx(0.1)
+
+
+def test_meter_rejects_bad_batch_size():
+    with pytest.raises(ValueError, match="global_batch_size"):
+        ThroughputMeter(0)
+
+
+# --- sampler -------------------------------------------------------------------------
+
+
+def test_sampler_samples_in_background_and_stops():
+    gpu = FakeGpuReader()
+    sampler = Sampler(0.01, max_samples=5, gpu_reader=gpu, cpu_reader=FakeCpuReader())
+    with sampler:
+        assert sampler.running
+        deadline = time.monotonic() + 5
+        while len(sampler.history()) < 5 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    assert not sampler.running
+    history = sampler.history()
+    assert len(history) == 5  # bounded
+    assert [d.name for d in history[-1].devices] == ["GPU 0 (Fake)", "GPU 1 (Fake)", "CPU"]
+    assert sampler.has_gpu
+    sampler.stop()  # idempotent
+    sampler.close()
+    assert gpu.closed
+
+
+def test_sampler_without_gpu_says_so_once(monkeypatch, capsys):
+    monkeypatch.setattr(sampler_module, "_already_said", set())
+    for _ in range(3):
+        s = Sampler(0.05, gpu_reader=NoGpuReader(), cpu_reader=FakeCpuReader())
+    err = capsys.readouterr().err
+    assert err.count("monitoring the CPU only") == 1
+    assert not s.has_gpu
+    assert [d.kind for d in s.sample_now().devices] == ["cpu"]
+
+
+def test_sampler_history_since():
+    clock = FakeClock()
+    s = Sampler(1.0, gpu_reader=FakeGpuReader(), cpu_reader=FakeCpuReader(), clock=clock)
+    s.sample_now()
+    clock.advance(10)
+    s.sample_now()
+    assert len(s.history(since=105)) == 1 and s.latest().time == 110
+
+
+def test_real_cpu_reader_and_default_sampler():
+    with Sampler(0.05) as s:
+        time.sleep(0.12)
+    cpu = s.latest().devices[-1]
+    assert cpu.kind == "cpu" and cpu.memory_used > 0 and 0 <= cpu.utilization <= 100
+
+
+def test_cuda_visible_devices_is_honoured(monkeypatch):
+    uuids = ["GPU-aaa", "GPU-bbb", "GPU-ccc"]
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert _visible_indices(3, uuids) == [0, 1, 2]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,0")
+    assert _visible_indices(3, uuids) == [2, 0]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-bbb")
+    assert _visible_indices(3, uuids) == [1]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "-1")
+    assert _visible_indices(3, uuids) == []
+
+
+def _nvml_error() -> str | None:
+    reader = NvmlReader()
+    try:
+        return reader.error
+    finally:
+        reader.close()
+
+
+@pytest.mark.gpu
+def test_nvml_reads_a_real_gpu():
+    error = _nvml_error()
+    if error:
+        pytest.skip(f"no NVIDIA GPU to read on this machine: {error}")
+    reader = NvmlReader()
+    try:
+        gpus = reader.read()
+    finally:
+        reader.close()
+    assert gpus and all(g.kind == "gpu" and g.name.startswith("GPU ") for g in gpus)
+    for g in gpus:
+        assert 0 <= g.utilization <= 100
+        assert 0 < g.memory_used <= g.memory_total
+    with Sampler(0.05) as s:
+        time.sleep(0.2)
+    assert s.has_gpu and s.latest().gpus
+
+
+def test_import_is_tensorflow_free():
+    code = (
+        "import sys, mdtrain.monitor as m\n"
+        "s = m.Sampler(0.05); s.start(); s.stop(); s.close()\n"
+        "m.verdict(0.1, 50.0); m.resolve_display('auto')\n"
+        "bad = sorted(k for k in sys.modules if k.split('.')[0] in ('tensorflow', 'keras'))\n"
+        "print(bad)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+# --- summary and display choice ------------------------------------------------------
+
+
+def test_summary_means_peaks_and_json():
+    gpu = FakeGpuReader(utils=(90.0, 70.0))
+    clock = FakeClock()
+    s = Sampler(1.0, gpu_reader=gpu, cpu_reader=FakeCpuReader(), clock=clock)
+    s.sample_now()
+    gpu.utils = (100.0, 50.0)
+    s.sample_now()
+    rates = Rates(10, 1000, 2.0, 500.0, 0.2, 0.02)
+    summary = summarize(rates, s.history())
+    by_name = {d.name: d for d in summary.devices}
+    assert by_name["GPU 0 (Fake)"].mean_utilization == 95.0
+    assert by_name["GPU 1 (Fake)"].peak_utilization == 70.0
+    assert summary.gpu_utilization == pytest.approx(77.5)
+    assert summary.verdict.startswith("compute-bound")
+    assert json.loads(json.dumps(summary.to_dict()))["images_per_sec"] == 500.0
+    text = format_summary(summary)
+    assert "500.0 images/sec" in text and "verdict: compute-bound" in text
+
+
+def test_resolve_display(monkeypatch):
+    monkeypatch.delenv("MDTRAIN_SMOKE", raising=False)
+    assert resolve_display("auto") == "text"  # pytest is not a notebook kernel
+    assert resolve_display("widget") == "widget"
+    assert resolve_display("none") == "none"
+    with pytest.raises(ValueError, match="display must be one of"):
+        resolve_display("fancy")
+
+
+def test_resolve_display_smoke_means_text(monkeypatch):
+    import IPython
+
+    class Shell:
+        kernel = object()
+
+    monkeypatch.setattr(IPython, "get_ipython", lambda: Shell())
+    monkeypatch.delenv("MDTRAIN_SMOKE", raising=False)
+    assert resolve_display("auto") == "widget"
+    monkeypatch.setenv("MDTRAIN_SMOKE", "1")
+    assert resolve_display("auto") == "text"
+
+
+# --- dashboard -----------------------------------------------------------------------
+
+
+def _state(ips=1234.5, verdict_text=None):
+    from mdtrain.monitor import DashboardState
+
+    rates = Rates(10, 1000, 1.0, ips, 0.05, None)
+    return DashboardState(1, 3, 5, 10, 12.0, rates, FakeSampler().latest(), verdict_text)
+
+
+def test_dashboard_shows_rates_devices_and_chart():
+    from mdtrain.monitor import Dashboard
+
+    dash = Dashboard(chart_every_s=0.0)
+    dash.update(_state())
+    assert "mdtrain-images-per-sec" in dash.images_per_sec._dom_classes
+    assert "1234.5" in dash.images_per_sec.value
+    assert "epoch 2/3" in dash.header.value and "ETA 0:12" in dash.header.value
+    assert "input wait unknown" in dash.stats.value
+    assert len(dash.devices.children) == 2  # GPU 0 and CPU
+    assert dash.chart.value[:4] == b"\x89PNG"
+    dash.update(_state(verdict_text="compute-bound: fine"), force_chart=True)
+    assert "compute-bound" in dash.verdict.value and "done" in dash.header.value
+
+
+def test_dashboard_thread_refreshes_and_stops():
+    from mdtrain.monitor import Dashboard
+
+    dash = Dashboard(refresh_s=0.01, chart_every_s=10.0)
+    calls = []
+    dash.start(lambda: calls.append(1) or _state(ips=42.0))
+    deadline = time.monotonic() + 5
+    while len(calls) < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    dash.stop(_state(ips=43.0, verdict_text="unknown: x"))
+    assert "43.0" in dash.images_per_sec.value and dash.chart.value[:4] == b"\x89PNG"
+
+
+# --- the Keras callback --------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def keras():
+    return pytest.importorskip("keras")
+
+
+def test_callback_under_custom_loop_contract(keras):
+    """Drive it the way mdtrain's custom loop does: CallbackList and logged figures."""
+    from mdtrain.monitor import MonitorCallback
+
+    sampler = FakeSampler(gpu_util=35.0)
+    stream = io.StringIO()
+    monitor = MonitorCallback(64, display="text", sampler=sampler, stream=stream, warmup_steps=0)
+    callbacks = keras.callbacks.CallbackList([monitor], epochs=2, steps=4)
+    callbacks.on_train_begin()
+    for epoch in range(2):
+        callbacks.on_epoch_begin(epoch)
+        for step in range(4):
+            callbacks.on_train_batch_begin(step)
+            time.sleep(0.01)
+            size = 64 if step < 3 else 10  # a partial last batch
+            callbacks.on_train_batch_end(step, {"batch_size": size, "input_wait_s": 0.006})
+        callbacks.on_test_begin()
+        callbacks.on_test_end()
+        callbacks.on_epoch_end(epoch, {"loss": 1.0})
+    callbacks.on_train_end()
+
+    summary = monitor.summary()
+    assert summary.steps == 8 and summary.images == 2 * (3 * 64 + 10)
+    assert 0.3 < summary.input_wait_share <= 0.6
+    assert summary.verdict.startswith("input-bound")
+    assert sampler.started == 1 and sampler.stopped == 1
+    lines = stream.getvalue().splitlines()
+    assert lines[0].startswith("epoch 1/2: 4 steps,") and "images/sec" in lines[0]
+    assert "GPU 0 35%" in lines[0] and "input wait" in lines[0]
+    assert any(line.strip().startswith("verdict: input-bound") for line in lines)
+
+
+def test_callback_under_fit_and_display_none(keras, capsys):
+    import numpy as np
+
+    from mdtrain.monitor import make_monitor
+
+    x = np.zeros((40, 4), "float32")
+    y = np.zeros((40, 1), "float32")
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    quiet = make_monitor(8, display="none")
+    model.fit(x, y, batch_size=8, epochs=2, callbacks=[quiet], verbose=0)
+    assert capsys.readouterr().out == ""
+    summary = quiet.summary()
+    assert summary.steps == 9 and summary.images == 72  # 10 steps, 1 warm-up
+    assert summary.input_wait_share is None  # fit fetches inside its step
+    assert quiet.epochs == 2 and quiet.steps_per_epoch == 5  # from fit's params
+
+    text = make_monitor(8, display="text")
+    model.fit(x, y, batch_size=8, epochs=1, callbacks=[text], verbose=0)
+    out = capsys.readouterr().out
+    assert "epoch 1/1: 4 steps" in out and "input wait unknown (model.fit)" in out
+    assert "verdict:" in out
