@@ -79,9 +79,11 @@ def decoded_images(
     return ds
 
 
-def epoch_seed(seed: int, epoch) -> tf.Tensor:
-    """The shuffle seed of one epoch: a function of (seed, epoch) only."""
-    return tf.cast(seed, tf.int64) * 1_000_003 + tf.cast(epoch, tf.int64)
+def epoch_seed(seed, epoch: int):
+    """A seed that depends on (seed, epoch) only: an int, or a tensor if `seed` is one."""
+    if isinstance(seed, int):
+        return (seed * 1_000_003 + epoch) % (2**63)
+    return tf.cast(seed, tf.int64) * 1_000_003 + epoch
 
 
 @dataclass
@@ -137,27 +139,32 @@ class InputData:
     def validation_steps(self) -> int:
         return math.ceil(self.num_val / self.global_batch_size)
 
-    def epoch_batches(self, epoch) -> tf.data.Dataset:
-        """The training batches of one epoch (epoch may be a tensor)."""
+    def epoch_batches(self, epoch: int) -> tf.data.Dataset:
+        """The training batches of one epoch; their order depends only on (seed, epoch)."""
         ds = self._train_decoded
         if self.shuffle:
-            ds = ds.shuffle(self.num_train, seed=epoch_seed(self.seed, epoch))
+            ds = ds.shuffle(self.num_train, seed=epoch_seed(self.seed, epoch),
+                            reshuffle_each_iteration=False)  # fmt: skip
         ds = ds.batch(self.global_batch_size)
         if self.augment is not None:
             policy, seed = self.augment, self.seed
 
             def augment(step, batch):
                 images, labels = batch
-                step_seed = tf.stack([tf.cast(seed, tf.int64), epoch_seed(step, epoch)])
+                step_seed = tf.stack([tf.constant(seed, tf.int64), epoch_seed(step, epoch)])
                 return augment_batch(images, policy, step_seed), labels
 
             ds = ds.enumerate().map(augment, num_parallel_calls=AUTOTUNE)
         return ds
 
     def train_epochs(self, first_epoch: int = 0, last_epoch: int = 1) -> tf.data.Dataset:
-        """Training batches of epochs `first_epoch`…`last_epoch - 1`, prefetched."""
-        epochs = tf.data.Dataset.range(first_epoch, last_epoch)
-        ds = epochs.flat_map(self.epoch_batches).prefetch(AUTOTUNE)
-        return _set_options(ds, self.deterministic)
+        """Training batches of epochs `first_epoch`…`last_epoch - 1` back to back, prefetched.
 
-
+        Each epoch is its own shuffled pass over the (cached) images, chained
+        with `concatenate`; a resumed run starting at epoch k gets exactly the
+        batches an uninterrupted run saw from epoch k on.
+        """
+        ds = self.epoch_batches(first_epoch)
+        for epoch in range(first_epoch + 1, last_epoch):
+            ds = ds.concatenate(self.epoch_batches(epoch))
+        return _set_options(ds.prefetch(AUTOTUNE), self.deterministic)

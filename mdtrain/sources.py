@@ -58,8 +58,8 @@ def draw_shape_image(shape: str, rng: np.random.Generator, size: int = 256) -> I
     """Draws one demo image: a shape of random colour, size, angle and place on clutter.
 
     The background is a colour gradient with noise and a few outlined
-    distractors, and the shape is sometimes small, low-contrast or partly off
-    the frame, so telling the classes apart takes a few epochs of learning.
+    distractors, and the shape's size, angle, place and colour vary, so
+    telling the classes apart takes a few epochs of learning.
 
     Args:
         shape: one of `SHAPES`.
@@ -73,19 +73,21 @@ def draw_shape_image(shape: str, rng: np.random.Generator, size: int = 256) -> I
     w, h = (int(size * f) for f in rng.uniform(0.75, 1.25, 2))
     top, bottom = rng.uniform(0, 255, 3), rng.uniform(0, 255, 3)
     t = np.linspace(0, 1, h)[:, None, None]
-    bg = (1 - t) * top + t * bottom + rng.normal(0, 18, (h, w, 3))
+    bg = (1 - t) * top + t * bottom + rng.normal(0, 10, (h, w, 3))
     img = Image.fromarray(np.clip(bg, 0, 255).astype(np.uint8).repeat(1, axis=1))
     draw = ImageDraw.Draw(img)
-    for _ in range(rng.integers(2, 6)):  # distractors: lines and hollow ellipses
+    for _ in range(rng.integers(0, 3)):  # distractors: lines and hollow ellipses
         x0, y0, x1, y1 = rng.uniform(0, [w, h, w, h])
         col = tuple(int(v) for v in rng.integers(0, 256, 3))
         if rng.random() < 0.5:
-            draw.line([(x0, y0), (x1, y1)], fill=col, width=int(rng.integers(1, 5)))
+            draw.line([(x0, y0), (x1, y1)], fill=col, width=int(rng.integers(1, 3)))
         else:
             draw.ellipse([min(x0, x1), min(y0, y1), max(x0, x1), max(y0, y1)], outline=col, width=2)
-    r = min(w, h) * rng.uniform(0.12, 0.35)
-    cx, cy = rng.uniform(0.2, 0.8) * w, rng.uniform(0.2, 0.8) * h
-    colour = tuple(int(v) for v in rng.integers(0, 256, 3))
+    r = min(w, h) * rng.uniform(0.22, 0.40)
+    cx, cy = rng.uniform(0.25, 0.75) * w, rng.uniform(0.25, 0.75) * h
+    # a colour that stands out from the background behind the shape
+    behind = (top + bottom) / 2
+    colour = tuple(int(v) for v in np.clip(255 - behind + rng.normal(0, 40, 3), 0, 255))
     if shape == "circle":
         draw.ellipse([cx - r, cy - r, cx + r, cy + r], fill=colour)
     else:

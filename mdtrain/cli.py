@@ -1,0 +1,216 @@
+"""The `mdtrain` command: `data`, `train`, `bench`, `launch`.
+
+Kept thin: each subcommand parses its options into the arguments of one
+library function. Bad input of any kind ends in one line on standard error and
+exit code 2, never a traceback; TensorFlow is imported only by the commands
+that need it, after the options have been checked.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+
+from mdtrain.errors import UsageError
+
+USAGE_EXIT = 2
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports errors in one line, like every other mdtrain error."""
+
+    def error(self, message: str) -> None:  # noqa: D401 - argparse API
+        raise UsageError(f"{self.prog}: {message}")
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text} must be at least 1")
+    return value
+
+
+def _add_data(sub) -> None:
+    data = sub.add_parser("data", help="make, fetch or check a class-folder dataset")
+    dsub = data.add_subparsers(dest="data_command", required=True, parser_class=_Parser)
+    synth = dsub.add_parser("synth", help="write the synthetic demo dataset (JPEG, train/ and val/)")
+    synth.add_argument("out")
+    synth.add_argument("--classes", type=int, default=5)
+    synth.add_argument("--per-class", type=int, default=300)
+    synth.add_argument("--image-size", type=int, default=256)
+    synth.add_argument("--seed", type=int, default=0)
+    digits = dsub.add_parser("digits", help="write scikit-learn's handwritten digits (PNG)")
+    digits.add_argument("out")
+    flowers = dsub.add_parser("flowers", help="download TensorFlow's flower photos (needs network)")
+    flowers.add_argument("--cache-dir", default="data")
+    check = dsub.add_parser("check", help="report classes, counts, unreadable and mislabelled files")
+    check.add_argument("dir")
+    check.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def _add_train(sub) -> None:
+    t = sub.add_parser("train", help="train an image classifier under a distribution strategy")
+    t.add_argument("--data", help="dataset folder (default: the demo dataset, made on first use)")
+    g = t.add_mutually_exclusive_group()
+    g.add_argument("--val-data", help="validation folder with the same class folders")
+    g.add_argument("--validation-split", type=float, default=0.0, help="share held out, in [0, 1)")
+    t.add_argument("--model", default="small-cnn")
+    t.add_argument("--weights", default="none", help="imagenet, none, or a weights file")
+    t.add_argument("--image-size", type=int)
+    b = t.add_mutually_exclusive_group()
+    b.add_argument("--batch-size-per-replica", type=int)
+    b.add_argument("--global-batch-size", type=int)
+    t.add_argument("--epochs", type=int, default=15)
+    t.add_argument("--fine-tune-epochs", type=int, default=0)
+    t.add_argument("--learning-rate", type=float, default=1e-3)
+    t.add_argument("--strategy", default="auto", help="auto, mirrored, multiworker, tpu, one, cpu:N")
+    t.add_argument("--loop", default="fit", help="fit (model.fit) or custom (strategy.run loop)")
+    t.add_argument("--mixed-precision", action="store_true")
+    t.add_argument("--no-augment", dest="augment", action="store_false")
+    t.add_argument("--dropout", type=float, default=0.2)
+    t.add_argument("--class-weight", default="none", help="auto (balanced) or none")
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--deterministic", action="store_true", help="bit-reproducible (slower)")
+    t.add_argument("--backup-dir", help="resume from / back up to this folder every epoch")
+    t.add_argument("--output", help="folder for model.keras, history.json, report.json")
+    t.add_argument("--monitor", default="auto", help="auto, widget, text or none")
+    t.add_argument("--json", action="store_true", help="end with one JSON summary line")
+
+
+def _add_bench(sub) -> None:
+    bench = sub.add_parser("bench", help="measure input pipelines and training steps")
+    bsub = bench.add_subparsers(dest="bench_command", required=True, parser_class=_Parser)
+    p = bsub.add_parser("pipeline", help="ImageDataGenerator vs tf.data, images/sec")
+    p.add_argument("--data")
+    p.add_argument("--image-size", type=_positive_int, default=224)
+    p.add_argument("--batch-size", type=_positive_int, default=32)
+    p.add_argument("--repeats", type=_positive_int, default=3)
+    p.add_argument("--output", help="write the JSON result and a PNG chart here")
+    p.add_argument("--json", action="store_true")
+    t = bsub.add_parser("train", help="step time with the real pipeline vs a cached batch")
+    t.add_argument("--data")
+    t.add_argument("--model", default="efficientnetv2-b0")
+    t.add_argument("--image-size", type=_positive_int, default=128)
+    t.add_argument("--batch-size", type=_positive_int, default=32)
+    t.add_argument("--steps", type=_positive_int, default=20)
+    t.add_argument("--output")
+    t.add_argument("--json", action="store_true")
+
+
+def _add_launch(sub) -> None:
+    la = sub.add_parser(
+        "launch", help="run `mdtrain train --strategy multiworker` as N local workers",
+        usage="mdtrain launch --workers N [--restarts R] -- <mdtrain train arguments>",
+    )  # fmt: skip
+    la.add_argument("--workers", type=_positive_int, required=True)
+    la.add_argument("--restarts", type=int, default=0)
+    la.add_argument("--log-dir")
+    la.add_argument("--hang-timeout", type=float, default=300.0)
+    la.add_argument("train_args", nargs=argparse.REMAINDER)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The `mdtrain` argument parser."""
+    parser = _Parser(prog="mdtrain", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    _add_data(sub)
+    _add_train(sub)
+    _add_bench(sub)
+    _add_launch(sub)
+    return parser
+
+
+def _print_json(obj) -> None:
+    print(json.dumps(obj), flush=True)
+
+
+def _run_data(args) -> int:
+    from mdtrain import sources
+
+    if args.data_command == "synth":
+        out = sources.make_synthetic_dataset(
+            args.out, args.classes, args.per_class, args.image_size, args.seed
+        )
+        print(f"wrote the synthetic dataset to {out}")
+    elif args.data_command == "digits":
+        print(f"wrote the digits dataset to {sources.write_digits_dataset(args.out)}")
+    elif args.data_command == "flowers":
+        print(f"flowers dataset in {sources.download_flowers(args.cache_dir)}")
+    else:
+        from mdtrain.data import check_dataset
+
+        report = check_dataset(args.dir)
+        if args.json:
+            _print_json(report.to_dict())
+        else:
+            print(report.to_text())
+    return 0
+
+
+def _run_train(args) -> int:
+    from mdtrain.train import TrainConfig, train
+
+    options = {k: v for k, v in vars(args).items() if k not in ("command", "json")}
+    config = TrainConfig(**options)
+    config.validate()
+    result = train(config)
+    if args.json:
+        _print_json(result.summary())
+    return 0
+
+
+def _run_bench(args) -> int:
+    from mdtrain import bench
+
+    options = {k: v for k, v in vars(args).items() if k not in ("command", "bench_command", "json")}
+    run = bench.pipeline_benchmark if args.bench_command == "pipeline" else bench.train_benchmark
+    result = run(**options)
+    if args.json:
+        _print_json(result)
+    return 0
+
+
+def _run_launch(args) -> int:
+    from mdtrain.launch import launch
+
+    train_args = args.train_args[1:] if args.train_args[:1] == ["--"] else args.train_args
+    return launch(
+        args.workers, train_args, restarts=args.restarts, log_dir=args.log_dir,
+        hang_timeout_s=args.hang_timeout,
+    )  # fmt: skip
+
+
+_COMMANDS = {"data": _run_data, "train": _run_train, "bench": _run_bench, "launch": _run_launch}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Runs the `mdtrain` command; returns its exit code.
+
+    Args:
+        argv: arguments without the program name. Defaults to `sys.argv[1:]`.
+
+    Returns:
+        0 on success, 2 on bad input, the workers' status for `launch`.
+    """
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # keep TensorFlow's C++ chatter quiet
+    try:
+        args = build_parser().parse_args(argv)
+        return _COMMANDS[args.command](args)
+    except UsageError as e:
+        print(f"mdtrain: error: {e}", file=sys.stderr)
+        return USAGE_EXIT
+    except ModuleNotFoundError as e:
+        if e.name and e.name.split(".")[0] in ("tensorflow", "keras"):
+            print(
+                "mdtrain: error: TensorFlow is not installed; install mdtrain[cpu] or "
+                "mdtrain[gpu] (on Kaggle/Colab it is already there)",
+                file=sys.stderr,
+            )
+            return USAGE_EXIT
+        raise
+    except KeyboardInterrupt:
+        print("mdtrain: interrupted", file=sys.stderr)
+        return 130
