@@ -1,0 +1,144 @@
+"""mdtrain.plots: each figure holds what it should (axes, bars, patches, labels)."""
+
+from __future__ import annotations
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+from matplotlib.patches import Rectangle  # noqa: E402
+
+from mdtrain import plots  # noqa: E402
+from mdtrain.distribute import BatchGeometry  # noqa: E402
+
+CLASSES = ["circle", "cross", "square"]
+
+
+def _images(n: int, size: int = 8) -> np.ndarray:
+    return np.random.default_rng(0).integers(0, 256, (n, size, size, 3), dtype=np.uint8)
+
+
+def _bars(ax) -> list[Rectangle]:
+    return [p for c in ax.containers for p in c.patches]
+
+
+def test_image_grid_titles_and_marks():
+    fig = plots.image_grid(_images(5), [0, 1, 2, 0, 1], CLASSES, ncols=3, marks=[1, 0, 1, 1, 0])
+    assert len(fig.axes) == 5  # the sixth cell of the 2 x 3 grid is removed
+    assert [ax.get_title() for ax in fig.axes] == ["circle", "cross", "square", "circle", "cross"]
+    right = fig.axes[0].spines["left"]
+    wrong = fig.axes[1].spines["left"]
+    assert right.get_visible() and wrong.get_visible()
+    assert right.get_edgecolor() != wrong.get_edgecolor()
+    assert fig.axes[1].title.get_color() == plots._WRONG
+    assert not plt.get_fignums()  # not left open in pyplot: no double display in Jupyter
+
+
+def test_image_grid_accepts_float_and_grayscale():
+    floats = _images(2).astype(np.float32) / 255.0
+    gray = _images(2)[..., :1]
+    for images in (floats, gray):
+        fig = plots.image_grid(images, np.array([[0], [2]]), CLASSES, title="t")
+        assert len(fig.axes) == 2 and fig._suptitle.get_text() == "t"
+    assert fig.axes[0].images[0].get_array().ndim == 2
+
+
+def test_image_grid_rejects_mismatched_labels():
+    with pytest.raises(ValueError, match="labels"):
+        plots.image_grid(_images(3), [0, 1], CLASSES)
+
+
+def test_class_counts_bar_flat_and_per_split():
+    fig = plots.class_counts_bar({"circle": 3, "cross": 5})
+    (ax,) = fig.axes
+    assert [b.get_height() for b in _bars(ax)] == [3, 5]
+    assert ax.get_legend() is None
+    counts = {"train": {"circle": 30, "cross": 50}, "val": {"circle": 6, "cross": 10}}
+    (ax,) = plots.class_counts_bar(counts).axes
+    assert sorted(b.get_height() for b in _bars(ax)) == [6, 10, 30, 50]
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["train", "val"]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["circle", "cross"]
+
+
+def test_augmentation_grid_has_original_first():
+    fig = plots.augmentation_grid(_images(1)[0], _images(12), title="aug")
+    assert len(fig.axes) == 13
+    assert fig.axes[0].get_title() == "original"
+
+
+def test_side_by_side_augmentations_two_3x4_grids():
+    fig = plots.side_by_side_augmentations(_images(1)[0], _images(12), _images(12))
+    assert len(fig.axes) == 1 + 12 + 12
+    titles = {ax.get_title() for ax in fig.axes}
+    assert {"original", "ImageDataGenerator", "tf.data (mdtrain.augment)"} <= titles
+
+
+def _slices(fig) -> list[tuple[float, float]]:
+    ax = fig.axes[0]
+    return [(p.get_y(), p.get_width()) for p in ax.patches if isinstance(p, Rectangle)]
+
+
+def test_batch_split_diagram_partial_last_batch():
+    fig = plots.batch_split_diagram(BatchGeometry(31, 16, 4))
+    widths = [w for _, w in _slices(fig)]
+    assert widths == [4, 4, 4, 4, 4, 4, 4, 3]
+    texts = [t.get_text() for t in fig.axes[0].texts]
+    assert "empty" not in " ".join(texts)
+
+
+def test_batch_split_diagram_empty_replica():
+    fig = plots.batch_split_diagram(BatchGeometry(5, 16, 4))
+    assert [w for _, w in _slices(fig)] == [2, 2, 1]
+    assert any("replica 3: empty" in t.get_text() for t in fig.axes[0].texts)
+    legend = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert legend == [f"replica {r}" for r in range(4)]
+
+
+def test_batch_split_diagram_elides_long_epochs():
+    geometry = BatchGeometry(1500, 64, 4)  # 24 steps, last batch 28 -> [7, 7, 7, 7]
+    fig = plots.batch_split_diagram(geometry, steps=4)
+    slices = _slices(fig)
+    assert len(slices) == 4 * 4  # 3 first steps + the last one
+    assert [w for _, w in slices[-4:]] == [7, 7, 7, 7]
+    assert any("20 more full steps" in t.get_text() for t in fig.axes[0].texts)
+    labels = [t.get_text() for t in fig.axes[0].get_yticklabels()]
+    assert labels == ["step 1", "step 2", "step 3", "", "step 24"]
+
+
+def test_history_curves_train_and_val():
+    history = [
+        {"loss": 1.0, "accuracy": 0.5, "val_loss": 1.2, "val_accuracy": 0.4},
+        {"loss": 0.5, "accuracy": 0.8, "val_loss": 0.7, "val_accuracy": 0.7},
+        {"loss": 0.3, "accuracy": 0.9, "val_loss": 0.6, "val_accuracy": 0.75},
+    ]
+    fig = plots.history_curves(history)
+    loss_ax, acc_ax = fig.axes
+    assert [line.get_label() for line in loss_ax.lines] == ["train", "validation"]
+    np.testing.assert_allclose(acc_ax.lines[1].get_ydata(), [0.4, 0.7, 0.75])
+    # Keras' History.history (dict of lists) without validation
+    fig = plots.history_curves({"loss": [1.0, 0.4], "accuracy": [0.3, 0.6]})
+    assert [len(ax.lines) for ax in fig.axes] == [1, 1]
+
+
+def test_benchmark_bars_sorted_with_limit():
+    results = {"imagedatagenerator": 120.0, "tfdata": 900.0, "tfdata_cached": 2500.0}
+    (ax,) = plots.benchmark_bars(results, limit=1500.0).axes
+    assert [b.get_width() for b in _bars(ax)] == [120.0, 900.0, 2500.0]
+    assert [t.get_text() for t in ax.get_yticklabels()] == list(results)
+    (line,) = ax.lines
+    assert line.get_xdata()[0] == 1500.0
+    (ax,) = plots.benchmark_bars({"a": 1.0}).axes
+    assert not ax.lines
+
+
+def test_confusion_matrix_counts():
+    fig = plots.confusion_matrix_plot([0, 1, 2, 2, 1], [0, 1, 1, 2, 1], CLASSES)
+    matrix = fig.axes[0].images[0].get_array()
+    np.testing.assert_array_equal(matrix, [[1, 0, 0], [0, 2, 0], [0, 1, 1]])
+    assert "80.0%" in fig.axes[0].get_title()
+    assert len(fig.axes) == 2  # matrix and colour bar
+    fig = plots.confusion_matrix_plot([0, 1, 2, 2], [0, 1, 1, 2], CLASSES, normalize=True)
+    np.testing.assert_allclose(fig.axes[0].images[0].get_array()[2], [0, 0.5, 0.5])
