@@ -1,0 +1,358 @@
+"""Class imbalance under a distribution strategy: subsets, per-replica counts, remedies.
+
+Under `MirroredStrategy` (and `MultiWorkerMirroredStrategy`) every global
+batch is cut into contiguous slices, one per replica. Nothing in that split
+looks at labels: with a rare class, most replicas' slices hold none of it on
+most steps. Two remedies keep the rare classes in the gradient:
+
+- class weights: every example's loss is multiplied by `n / (k × n_c)`
+  (`mdtrain.train.balanced_class_weights`); the data stay as they are;
+- balanced resampling (`balanced_dataset`): each class gets its own endless,
+  shuffled stream, and the streams are drawn round-robin, so every run of
+  `k` consecutive examples holds one of each class. Since the strategy cuts
+  each global batch into contiguous slices, every replica's slice is balanced
+  too, on every step (to within one example per class when the slice is not
+  a multiple of `k`).
+
+Splitting the data per GPU yourself, as some recipes do with scikit-learn's
+`train_test_split(x, y, test_size=0, stratify=y)`, does neither: a test size
+of 0 either raises or returns the data unchanged (only shuffled), and the
+strategy shards and splits batches on its own anyway.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from mdtrain.augment import AugmentPolicy, augment_batch
+from mdtrain.data import ImageList, Splits
+from mdtrain.errors import UsageError
+from mdtrain.pipeline import AUTOTUNE, decoded_images, epoch_seed
+
+__all__ = [
+    "balanced_dataset",
+    "make_imbalanced_subset",
+    "per_class_recall",
+    "replica_class_counts",
+    "replica_slices",
+]
+
+
+def make_imbalanced_subset(
+    data: ImageList | Splits, counts: Sequence[int], seed: int = 0
+) -> ImageList | Splits:
+    """Picks `counts[c]` images of class `c` at random: an imbalanced view of a dataset.
+
+    Files are chosen, not copied. Given `Splits`, only the training images
+    are subsampled; the validation images (and class names) stay as they are,
+    so models are still judged on balanced data.
+
+    Args:
+        data: an `ImageList`, or `Splits` whose `train` is subsampled.
+        counts: images to keep per class, indexed by label.
+        seed: seed of the random choice. Defaults to 0.
+
+    Returns:
+        The same kind of object as `data`, with files in their original order.
+
+    Raises:
+        UsageError: if a class has fewer images than asked for, or `counts`
+            has the wrong length.
+
+    Example:
+
+    >>> subset = make_imbalanced_subset(splits, [300, 150, 60, 30, 15])  # doctest: +SKIP
+    >>> subset.train.counts(5)
+    [300, 150, 60, 30, 15]
+    """
+    if isinstance(data, Splits):
+        if len(counts) != len(data.class_names):
+            raise UsageError(
+                f"counts {list(counts)}: need one count per class ({len(data.class_names)})"
+            )
+        train = make_imbalanced_subset(data.train, counts, seed)
+        return Splits(train, data.val, data.class_names, data.skipped)
+    labels = np.asarray(data.labels)
+    have = np.bincount(labels, minlength=len(counts)) if len(labels) else np.zeros(len(counts))
+    if len(have) > len(counts):
+        raise UsageError(f"counts {list(counts)}: the data have {len(have)} classes")
+    rng = np.random.default_rng(seed)
+    keep: list[int] = []
+    for label, n in enumerate(counts):
+        if not 0 <= n <= have[label]:
+            raise UsageError(
+                f"counts {list(counts)}: class {label} has {int(have[label])} images, "
+                f"cannot take {n}"
+            )
+        keep += rng.choice(np.flatnonzero(labels == label), size=n, replace=False).tolist()
+    keep.sort()
+    return ImageList([data.files[i] for i in keep], [int(labels[i]) for i in keep])
+
+
+def replica_slices(labels: np.ndarray, num_replicas: int) -> list[np.ndarray]:
+    """Cuts one global batch of labels into the slices the replicas get.
+
+    Same rule as `tf.distribute` (and `BatchGeometry.split`): contiguous
+    slices of `ceil(batch / replicas)`, the last ones shorter or empty.
+    """
+    per = -(-len(labels) // num_replicas)
+    return [labels[r * per : (r + 1) * per] for r in range(num_replicas)]
+
+
+def replica_class_counts(
+    dataset: tf.data.Dataset,
+    strategy: tf.distribute.Strategy,
+    num_classes: int,
+    steps: int | None = None,
+) -> np.ndarray:
+    """Counts the examples of each class that land on each replica, step by step.
+
+    Distributes `dataset` with the strategy exactly as training does and
+    reads every replica's labels back.
+
+    Args:
+        dataset: globally batched `(images, labels)` dataset.
+        strategy: the strategy that splits the batches.
+        num_classes: number of classes.
+        steps: steps to read; needed for an endless dataset. Defaults to
+            None (the whole dataset).
+
+    Returns:
+        int array of shape `(steps, num_replicas, num_classes)`.
+
+    Example:
+
+    >>> counts = replica_class_counts(inputs.epoch_batches(0), strategy, 5)  # doctest: +SKIP
+    >>> counts.sum(axis=(0, 1))  # images per class in one epoch
+    """
+    labels_only = dataset.map(lambda images, labels: labels)  # same batches, no pixels
+    dist = strategy.experimental_distribute_dataset(labels_only)
+    out = []
+    for step, labels in enumerate(dist):
+        if steps is not None and step >= steps:
+            break
+        per_replica = strategy.experimental_local_results(labels)
+        out.append([np.bincount(np.asarray(x), minlength=num_classes) for x in per_replica])
+    return np.asarray(out, dtype=np.int64).reshape(-1, strategy.num_replicas_in_sync, num_classes)
+
+
+def balanced_dataset(
+    images: ImageList,
+    num_classes: int,
+    image_size: int,
+    global_batch_size: int,
+    *,
+    seed: int = 0,
+    augment: AugmentPolicy | None = None,
+    mode: str = "round-robin",
+    cache: bool = True,
+) -> tf.data.Dataset:
+    """An endless, class-balanced training stream, batched by the GLOBAL batch size.
+
+    Each class becomes its own dataset (decoded, cached, reshuffled every
+    pass, repeated forever), so rare classes are seen again and again and
+    common ones are subsampled. The class of each example is chosen:
+
+    - `"round-robin"`: classes in turn, 0, 1, …, k-1, 0, 1, …: any `k`
+      consecutive examples hold each class once, so every replica's
+      contiguous slice of every global batch is balanced;
+    - `"random"`: uniformly at random (`Dataset.sample_from_datasets`):
+      balanced on average only; a slice can still miss a class.
+
+    The dataset never ends: pass `steps_per_epoch` to `fit`.
+
+    Args:
+        images: training files and labels.
+        num_classes: number of classes; each must have at least one image.
+        image_size: side of the square images.
+        global_batch_size: examples per step over all replicas.
+        seed: seed of shuffling, sampling and augmentation. Defaults to 0.
+        augment: augmentation applied per batch, or None. Defaults to None.
+        mode: `"round-robin"` or `"random"`. Defaults to `"round-robin"`.
+        cache: keep decoded images in memory. Defaults to True.
+
+    Returns:
+        A dataset of `(uint8 images, int32 labels)` batches.
+
+    Raises:
+        UsageError: for an empty class or an unknown mode.
+
+    Example:
+
+    >>> train_ds = balanced_dataset(subset, 5, 64, global_batch_size=64)  # doctest: +SKIP
+    >>> trainer.fit(train_ds, steps_per_epoch=10, epochs=5)
+    """
+    if mode not in ("round-robin", "random"):
+        raise UsageError(f"mode {mode!r}: choose 'round-robin' or 'random'")
+    counts = images.counts(num_classes)
+    if min(counts) == 0:
+        raise UsageError(f"class counts {counts}: every class needs at least one image")
+    labels = np.asarray(images.labels)
+    streams = []
+    for c in range(num_classes):
+        idx = np.flatnonzero(labels == c)
+        one_class = ImageList([images.files[i] for i in idx], [c] * len(idx))
+        ds = decoded_images(one_class, image_size, cache=cache)
+        ds = ds.shuffle(len(idx), seed=epoch_seed(seed, c), reshuffle_each_iteration=True)
+        streams.append(ds.repeat())
+    if mode == "round-robin":
+        ds = tf.data.Dataset.choose_from_datasets(
+            streams, tf.data.Dataset.range(num_classes).repeat()
+        )
+    else:
+        ds = tf.data.Dataset.sample_from_datasets(
+            streams, weights=[1.0 / num_classes] * num_classes, seed=seed
+        )
+    ds = ds.batch(global_batch_size)
+    if augment is not None:
+
+        def _augment(step, batch):
+            x, y = batch
+            return augment_batch(x, augment, tf.stack([tf.constant(seed, tf.int64), step])), y
+
+        ds = ds.enumerate().map(_augment, num_parallel_calls=AUTOTUNE)
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
+    return ds.with_options(options).prefetch(AUTOTUNE)
+
+
+def per_class_recall(model, dataset: tf.data.Dataset, num_classes: int) -> np.ndarray:
+    """Share of each class's examples that `model` classifies correctly.
+
+    Args:
+        model: images in, class probabilities out.
+        dataset: finite `(images, labels)` dataset, batched.
+        num_classes: number of classes.
+
+    Returns:
+        float array of shape `(num_classes,)`; NaN for a class absent from `dataset`.
+    """
+    true, pred = [], []
+    for x, y in dataset:
+        true.append(y.numpy())
+        pred.append(np.argmax(model(x, training=False), axis=-1))
+    true, pred = np.concatenate(true), np.concatenate(pred)
+    hits = np.bincount(true[true == pred], minlength=num_classes)
+    totals = np.bincount(true, minlength=num_classes)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(totals > 0, hits / np.maximum(totals, 1), math.nan)
+
+
+def fit_and_score(
+    strategy: tf.distribute.Strategy,
+    train_ds: tf.data.Dataset,
+    val_ds: tf.data.Dataset,
+    *,
+    num_classes: int,
+    image_size: int,
+    epochs: int,
+    steps_per_epoch: int,
+    class_weights: Sequence[float] | None = None,
+    model: str = "small-cnn",
+    learning_rate: float = 1e-3,
+    seed: int = 0,
+    verbose: int = 0,
+) -> tuple[np.ndarray, dict[str, list[float]]]:
+    """Trains a fresh model with `ExactTrainer` and measures its per-class recall.
+
+    The same seed gives every variant the same initial weights, so variants
+    differ only by their data or loss.
+
+    Args:
+        strategy: the strategy to train under.
+        train_ds: globally batched training data (may be endless).
+        val_ds: finite, globally batched data to score on.
+        num_classes: number of classes.
+        image_size: side of the square images.
+        epochs: epochs to train.
+        steps_per_epoch: steps per epoch.
+        class_weights: loss weight per class, or None. Defaults to None.
+        model: model name for `build_model`. Defaults to `"small-cnn"`.
+        learning_rate: Adam's learning rate. Defaults to 1e-3.
+        seed: seed of the initial weights. Defaults to 0.
+        verbose: Keras' verbosity. Defaults to 0.
+
+    Returns:
+        `(recall per class, history dict)`.
+    """
+    import keras
+
+    from mdtrain.loop import ExactTrainer
+    from mdtrain.models import build_model
+
+    keras.utils.set_random_seed(seed)
+    with strategy.scope():
+        net = build_model(model, num_classes, image_size)
+        trainer = ExactTrainer(net, class_weights=class_weights)
+        trainer.compile(optimizer=keras.optimizers.Adam(learning_rate))
+    history = trainer.fit(
+        train_ds, epochs=epochs, steps_per_epoch=steps_per_epoch, validation_data=val_ds,
+        verbose=verbose,
+    )  # fmt: skip
+    return per_class_recall(net, val_ds, num_classes), history.history
+
+
+def plot_replica_class_counts(counts: np.ndarray, class_names: Sequence[str], title: str = ""):
+    """Stacked bars: the classes in each replica's slice, for each step.
+
+    Args:
+        counts: array `(steps, replicas, classes)` from `replica_class_counts`.
+        class_names: names of the classes.
+        title: figure title. Defaults to "".
+
+    Returns:
+        The matplotlib figure.
+    """
+    import matplotlib.pyplot as plt
+
+    steps, replicas, k = counts.shape
+    fig, axes = plt.subplots(1, replicas, figsize=(3.2 * replicas + 1, 2.6), sharey=True,
+                             squeeze=False, dpi=80)  # fmt: skip
+    colors = plt.get_cmap("tab10").colors
+    for r, ax in enumerate(axes[0]):
+        bottom = np.zeros(steps)
+        for c in range(k):
+            ax.bar(np.arange(steps), counts[:, r, c], bottom=bottom, color=colors[c % 10],
+                   width=0.85, label=class_names[c])  # fmt: skip
+            bottom += counts[:, r, c]
+        ax.set_title(f"replica {r}", fontsize=10)
+        ax.set_xlabel("step")
+    axes[0][0].set_ylabel("examples in slice")
+    axes[0][-1].legend(fontsize=8, loc="center left", bbox_to_anchor=(1.0, 0.5))
+    if title:
+        fig.suptitle(title, fontsize=11)
+    fig.tight_layout()
+    return fig
+
+
+def plot_recall_bars(recalls: dict[str, Sequence[float]], class_names: Sequence[str],
+                     title: str = "Per-class recall on the balanced validation set"):  # fmt: skip
+    """Grouped bars: one group per class, one bar per variant (e.g. baseline, weights).
+
+    Args:
+        recalls: variant name -> recall per class.
+        class_names: names of the classes.
+        title: figure title. Defaults to a description of the plot.
+
+    Returns:
+        The matplotlib figure.
+    """
+    import matplotlib.pyplot as plt
+
+    k, n = len(class_names), len(recalls)
+    width = 0.8 / n
+    fig, ax = plt.subplots(figsize=(7, 3), dpi=80)
+    for i, (name, values) in enumerate(recalls.items()):
+        bars = ax.bar(np.arange(k) + (i - (n - 1) / 2) * width, values, width, label=name)
+        ax.bar_label(bars, fmt="%.2f", fontsize=7, padding=1)
+    ax.set_xticks(np.arange(k), class_names)
+    ax.set_ylim(0, 1.12)
+    ax.set_ylabel("recall")
+    ax.set_title(title, fontsize=11)
+    ax.legend(fontsize=8, ncol=n, loc="upper center", bbox_to_anchor=(0.5, -0.12))
+    fig.tight_layout()
+    return fig
