@@ -437,3 +437,78 @@ def confusion_matrix_plot(
     ax.set_title(f"Confusion matrix (accuracy {accuracy:.1%})", fontsize=10)
     fig.tight_layout()
     return fig
+
+
+def replica_class_counts_plot(
+    counts, class_names: Sequence[str], title: str | None = None
+) -> Figure:
+    """Stacked bars: the classes in each replica's slice of each global batch.
+
+    One panel per replica, one bar per step, coloured by class: a class
+    missing from a bar never reached that replica's gradient on that step.
+
+    Args:
+        counts: array `(steps, replicas, classes)`, e.g. from
+            `mdtrain.imbalance.replica_class_counts`.
+        class_names: name of each class index.
+        title: figure title. Defaults to None.
+
+    Returns:
+        The figure.
+    """
+    counts = np.asarray(counts)
+    steps, replicas, k = counts.shape
+    fig = _figure((2.9 * replicas + 1.4, 2.5))
+    axes = np.atleast_1d(fig.subplots(1, replicas, sharey=True))
+    colors = [matplotlib.colormaps["tab10"](c % 10) for c in range(k)]
+    for r, ax in enumerate(axes):
+        bottom = np.zeros(steps)
+        for c in range(k):
+            ax.bar(np.arange(1, steps + 1), counts[:, r, c], bottom=bottom, width=0.85,
+                   color=colors[c], label=class_names[c])  # fmt: skip
+            bottom += counts[:, r, c]
+        ax.set_title(f"replica {r}", fontsize=10)
+        ax.set_xlabel("step")
+        for side in ("top", "right"):
+            ax.spines[side].set_visible(False)
+    axes[0].set_ylabel("examples")
+    axes[-1].legend(fontsize=8, loc="center left", bbox_to_anchor=(1.0, 0.5))
+    if title:
+        fig.suptitle(title, fontsize=11)
+    fig.tight_layout()
+    return fig
+
+
+def recall_bars(
+    recalls: Mapping[str, Sequence[float]],
+    class_names: Sequence[str],
+    title: str = "Per-class recall",
+) -> Figure:
+    """Grouped bars of recall per class, one bar per variant (baseline, remedies, ...).
+
+    Args:
+        recalls: `{variant: recall of each class}`.
+        class_names: name of each class index.
+        title: axes title. Defaults to "Per-class recall".
+
+    Returns:
+        The figure.
+    """
+    k, n = len(class_names), len(recalls)
+    width = 0.8 / max(n, 1)
+    fig = _figure((max(6.0, 1.3 * k + 1.5), 3.2))
+    ax = fig.subplots()
+    for i, (name, values) in enumerate(recalls.items()):
+        x = np.arange(k) + (i - (n - 1) / 2) * width
+        bars = ax.bar(x, np.asarray(values, dtype=float), width, label=name,
+                      color=_replica_colors(n)[i])  # fmt: skip
+        ax.bar_label(bars, fmt="%.2f", fontsize=7, padding=1)
+    ax.set_xticks(np.arange(k), class_names)
+    ax.set_ylim(0, 1.15)
+    ax.set_ylabel("recall")
+    ax.set_title(title, fontsize=11)
+    ax.legend(fontsize=8, ncol=n, loc="upper center", bbox_to_anchor=(0.5, -0.12), frameon=False)
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+    fig.tight_layout()
+    return fig
