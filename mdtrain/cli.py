@@ -36,7 +36,9 @@ def _positive_int(text: str) -> int:
 def _add_data(sub) -> None:
     data = sub.add_parser("data", help="make, fetch or check a class-folder dataset")
     dsub = data.add_subparsers(dest="data_command", required=True, parser_class=_Parser)
-    synth = dsub.add_parser("synth", help="write the synthetic demo dataset (JPEG, train/ and val/)")
+    synth = dsub.add_parser(
+        "synth", help="write the synthetic demo dataset (JPEG, train/ and val/)"
+    )
     synth.add_argument("out")
     synth.add_argument("--classes", type=int, default=5)
     synth.add_argument("--per-class", type=int, default=300)
@@ -46,7 +48,9 @@ def _add_data(sub) -> None:
     digits.add_argument("out")
     flowers = dsub.add_parser("flowers", help="download TensorFlow's flower photos (needs network)")
     flowers.add_argument("--cache-dir", default="data")
-    check = dsub.add_parser("check", help="report classes, counts, unreadable and mislabelled files")
+    check = dsub.add_parser(
+        "check", help="report classes, counts, unreadable and mislabelled files"
+    )
     check.add_argument("dir")
     check.add_argument("--json", action="store_true", help="print one JSON object")
 
@@ -66,7 +70,9 @@ def _add_train(sub) -> None:
     t.add_argument("--epochs", type=int, default=15)
     t.add_argument("--fine-tune-epochs", type=int, default=0)
     t.add_argument("--learning-rate", type=float, default=1e-3)
-    t.add_argument("--strategy", default="auto", help="auto, mirrored, multiworker, tpu, one, cpu:N")
+    t.add_argument(
+        "--strategy", default="auto", help="auto, mirrored, multiworker, tpu, one, cpu:N"
+    )
     t.add_argument("--loop", default="fit", help="fit (model.fit) or custom (strategy.run loop)")
     t.add_argument("--mixed-precision", action="store_true")
     t.add_argument("--no-augment", dest="augment", action="store_false")
@@ -75,6 +81,8 @@ def _add_train(sub) -> None:
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--deterministic", action="store_true", help="bit-reproducible (slower)")
     t.add_argument("--backup-dir", help="resume from / back up to this folder every epoch")
+    t.add_argument("--backup-every-steps", type=_positive_int,
+                   help="also back up every N steps within an epoch (needs --backup-dir)")
     t.add_argument("--output", help="folder for model.keras, history.json, report.json")
     t.add_argument("--monitor", default="auto", help="auto, widget, text or none")
     t.add_argument("--json", action="store_true", help="end with one JSON summary line")

@@ -210,7 +210,7 @@ def drop_undecodable(images: ImageList) -> tuple[ImageList, list[SkippedFile]]:
     """Removes files that cannot be decoded; returns the rest and the skipped files."""
     bad = find_undecodable(images.files)
     bad_paths = {b.path for b in bad}
-    kept = [(f, y) for f, y in zip(images.files, images.labels) if f not in bad_paths]
+    kept = [(f, y) for f, y in zip(images.files, images.labels, strict=True) if f not in bad_paths]
     return ImageList([f for f, _ in kept], [y for _, y in kept]), bad
 
 
@@ -342,7 +342,9 @@ def check_dataset(data_dir: str | os.PathLike) -> CheckReport:
         bad = find_undecodable(images.files)
         unreadable += bad
         bad_paths = {b.path for b in bad}
-        c = Counter(y for f, y in zip(images.files, images.labels) if f not in bad_paths)
+        c = Counter(
+            y for f, y in zip(images.files, images.labels, strict=True) if f not in bad_paths
+        )
         counts[split] = {name: c.get(i, 0) for i, name in enumerate(class_names)}
         for f in images.files:
             claimed, actual = extension_format(f), sniff_format(f)

@@ -21,23 +21,15 @@ in a fresh process (the CLI does).
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass
 
 import tensorflow as tf
 
+from mdtrain.choices import CPU_STRATEGY as _CPU
+from mdtrain.choices import STRATEGIES, check_strategy_name
 from mdtrain.errors import UsageError
 
-STRATEGIES = ("auto", "mirrored", "multiworker", "tpu", "one", "cpu:N")
-_CPU = re.compile(r"^cpu:(\d+)$")
-
-
-def check_strategy_name(name: str) -> str:
-    """Returns `name` if it is a known strategy, else raises `UsageError`."""
-    m = _CPU.match(name)
-    if name in STRATEGIES[:-1] or (m and int(m.group(1)) >= 1):
-        return name
-    raise UsageError(f"--strategy {name}: unknown; choose one of {', '.join(STRATEGIES)} (N >= 1)")
+__all__ = ["STRATEGIES", "check_strategy_name"]  # re-exported for convenience
 
 
 def _virtual_cpus(n: int) -> None:

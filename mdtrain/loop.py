@@ -70,7 +70,9 @@ class ExactTrainer(keras.Model):
     def __init__(self, net: keras.Model, class_weights=None, **kwargs):
         super().__init__(**kwargs)
         self.net = net
-        self.class_weights = None if class_weights is None else tf.constant(class_weights, tf.float32)
+        self.class_weights = (
+            None if class_weights is None else tf.constant(class_weights, tf.float32)
+        )
         self.per_example_loss = keras.losses.SparseCategoricalCrossentropy(reduction=None)
         self.loss_tracker = keras.metrics.Mean(name="loss")
         self.accuracy_metric = keras.metrics.SparseCategoricalAccuracy(name="accuracy")

@@ -14,17 +14,12 @@ import os
 import keras
 from keras import layers
 
+from mdtrain.choices import EFFICIENTNETS as _EFFICIENTNETS
+from mdtrain.choices import MODELS, check_model_name
 from mdtrain.errors import UsageError
 
-_EFFICIENTNETS = {
-    "efficientnetv2-b0": "EfficientNetV2B0",
-    "efficientnetv2-b1": "EfficientNetV2B1",
-    "efficientnetv2-b2": "EfficientNetV2B2",
-    "efficientnetv2-b3": "EfficientNetV2B3",
-    "efficientnetv2-s": "EfficientNetV2S",
-}
-MODELS = ("small-cnn", *_EFFICIENTNETS)
 BASE_NAME = "base"
+__all__ = ["MODELS", "build_model", "efficientnetv2", "small_cnn", "unfreeze_top"]
 
 
 def _head(x, num_classes: int, dropout: float):
@@ -76,7 +71,11 @@ def _resolve_weights(weights: str | None) -> str | None:
 
 
 def efficientnetv2(
-    name: str, image_size: int, num_classes: int, weights: str | None = "imagenet", dropout: float = 0.2
+    name: str,
+    image_size: int,
+    num_classes: int,
+    weights: str | None = "imagenet",
+    dropout: float = 0.2,
 ) -> keras.Model:
     """EfficientNetV2 base (frozen) with a new classification head.
 
@@ -160,7 +159,8 @@ def build_model(
         if image_size < 32:
             raise UsageError(f"--image-size {image_size}: EfficientNetV2 needs at least 32")
         return efficientnetv2(name, image_size, num_classes, weights, dropout)
-    raise UsageError(f"--model {name}: unknown; choose one of {', '.join(MODELS)}")
+    check_model_name(name)
+    raise AssertionError(f"{name} is listed in MODELS but has no builder")
 
 
 def unfreeze_top(model: keras.Model, fraction: float = 0.2) -> int:

@@ -24,7 +24,9 @@ from mdtrain.errors import UsageError
 #: Classes of the synthetic demo dataset, in label order.
 SHAPES = ("circle", "cross", "square", "star", "triangle")
 
-FLOWERS_URL = "https://storage.googleapis.com/download.tensorflow.org/example_images/flower_photos.tgz"
+FLOWERS_URL = (
+    "https://storage.googleapis.com/download.tensorflow.org/example_images/flower_photos.tgz"
+)
 _MARKER = "mdtrain-dataset.json"
 
 
@@ -41,7 +43,10 @@ def _shape_polygon(shape: str, cx: float, cy: float, r: float, angle: float) -> 
         pts = [(math.cos(a), math.sin(a)) for a in np.linspace(0, 2 * math.pi, 4)[:3]]
     elif shape == "star":
         pts = [
-            ((1.0 if k % 2 == 0 else 0.45) * math.cos(a), (1.0 if k % 2 == 0 else 0.45) * math.sin(a))
+            (
+                (1.0 if k % 2 == 0 else 0.45) * math.cos(a),
+                (1.0 if k % 2 == 0 else 0.45) * math.sin(a),
+            )
             for k, a in enumerate(np.linspace(0, 2 * math.pi, 11)[:10])
         ]
     elif shape == "cross":
@@ -54,7 +59,9 @@ def _shape_polygon(shape: str, cx: float, cy: float, r: float, angle: float) -> 
     return [(cx + r * (c * x - s * y), cy + r * (s * x + c * y)) for x, y in pts]
 
 
-def draw_shape_image(shape: str, rng: np.random.Generator, size: int = 256) -> Image.Image:
+def draw_shape_image(
+    shape: str, rng: np.random.Generator, size: int = 256, distractors: int = 3
+) -> Image.Image:
     """Draws one demo image: a shape of random colour, size, angle and place on clutter.
 
     The background is a colour gradient with noise and a few outlined
@@ -76,7 +83,7 @@ def draw_shape_image(shape: str, rng: np.random.Generator, size: int = 256) -> I
     bg = (1 - t) * top + t * bottom + rng.normal(0, 10, (h, w, 3))
     img = Image.fromarray(np.clip(bg, 0, 255).astype(np.uint8).repeat(1, axis=1))
     draw = ImageDraw.Draw(img)
-    for _ in range(rng.integers(0, 3)):  # distractors: lines and hollow ellipses
+    for _ in range(rng.integers(0, distractors) if distractors else 0):  # lines, hollow ellipses
         x0, y0, x1, y1 = rng.uniform(0, [w, h, w, h])
         col = tuple(int(v) for v in rng.integers(0, 256, 3))
         if rng.random() < 0.5:
@@ -150,7 +157,9 @@ def make_synthetic_dataset(
         raise UsageError(f"--per-class {per_class}: must be at least 5")
     if image_size < 16:
         raise UsageError(f"--image-size {image_size}: must be at least 16 pixels")
-    params = dict(kind="synth", classes=classes, per_class=per_class, image_size=image_size, seed=seed)
+    params = dict(
+        kind="synth", classes=classes, per_class=per_class, image_size=image_size, seed=seed
+    )
 
     def build(tmp: Path) -> None:
         for split, n, offset in (("train", per_class, 0), ("val", max(per_class // 5, 1), 1)):

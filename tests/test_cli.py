@@ -1,0 +1,155 @@
+"""The `mdtrain` command end to end, in fresh processes, as a user runs it."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from tests.conftest import run_mdtrain
+
+TRAIN_FAST = ["--image-size", "32", "--epochs", "2", "--monitor", "none", "--no-augment"]
+
+
+def _last_json(stdout: str) -> dict:
+    return json.loads(stdout.strip().splitlines()[-1])
+
+
+def _assert_usage_error(proc, fragment: str) -> None:
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("mdtrain: error:") and fragment in lines[0], lines[0]
+    assert "Traceback" not in proc.stdout + proc.stderr
+
+
+def test_data_synth_then_check_json(tmp_path):
+    proc = run_mdtrain("data", "synth", str(tmp_path / "d"), "--classes", "2", "--per-class", "5",
+                       "--image-size", "40")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    proc = run_mdtrain("data", "check", str(tmp_path / "d"), "--json")
+    assert proc.returncode == 0, proc.stderr
+    report = _last_json(proc.stdout)
+    assert report["class_names"] == ["circle", "cross"]
+    assert report["counts"] == {"train": {"circle": 5, "cross": 5}, "val": {"circle": 1, "cross": 1}}
+    assert report["unreadable"] == []
+
+
+@pytest.mark.slow
+def test_train_on_messy_data_with_two_replicas(messy_dataset, tmp_path):
+    out = tmp_path / "run"
+    proc = run_mdtrain("train", "--data", str(messy_dataset), "--validation-split", "0.25",
+                       "--strategy", "cpu:2", "--batch-size-per-replica", "4", "--output", str(out),
+                       "--json", *TRAIN_FAST)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "global batch 8 = 4 per replica x 2 replica(s)" in proc.stdout
+    summary = _last_json(proc.stdout)
+    assert summary["replicas"] == 2 and summary["global_batch_size"] == 8
+    assert summary["class_names"] == ["circle", "cross", "square"]
+    assert summary["num_train"] + summary["num_val"] == 25
+    assert summary["epochs"] == 2 and len(summary["history"]) == 2
+    assert {"loss", "accuracy", "val_loss", "val_accuracy"} <= set(summary["history"][0])
+    assert summary["images_per_sec"] > 0
+    skipped = sorted(s["path"].rsplit("/", 1)[-1] for s in summary["skipped_files"])
+    assert skipped == ["empty.png", "notes.jpg", "truncated.jpg"]
+    assert all(s["reason"] for s in summary["skipped_files"])
+    assert summary["output"] == str(out)
+    for name in ("model.keras", "history.json", "report.json"):
+        assert (out / name).is_file()
+    assert json.loads((out / "report.json").read_text())["replicas"] == 2
+
+    # The same --output again must not overwrite what the first run left.
+    before = (out / "model.keras").read_bytes()
+    again = run_mdtrain("train", "--data", str(messy_dataset), "--output", str(out), *TRAIN_FAST)
+    _assert_usage_error(again, "already holds")
+    assert (out / "model.keras").read_bytes() == before
+
+
+@pytest.mark.slow
+def test_train_custom_loop_with_val_folder(tiny_dataset):
+    proc = run_mdtrain("train", "--data", str(tiny_dataset), "--loop", "custom", "--strategy",
+                       "cpu:2", "--global-batch-size", "8", "--json", *TRAIN_FAST)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = _last_json(proc.stdout)
+    assert summary["num_train"] == 24 and summary["num_val"] == 3
+    assert summary["monitor"]["input_wait_share"] is not None  # measured by the custom loop
+
+
+def _tree(root, spec):
+    for cls, n in spec.items():
+        (root / cls).mkdir(parents=True)
+        for i in range(n):
+            (root / cls / f"{i}.jpg").write_bytes(b"")
+    return root
+
+
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (["train", "--model", "resnet50"], "--model resnet50: unknown"),
+        (["train", "--strategy", "gpu:7"], "--strategy gpu:7: unknown"),
+        (["train", "--epochs", "0"], "--epochs 0"),
+        (["train", "--batch-size-per-replica", "0"], "--batch-size-per-replica 0"),
+        (["train", "--global-batch-size", "-4"], "--global-batch-size -4"),
+        (["train", "--image-size", "0"], "--image-size 0"),
+        (["train", "--validation-split", "1.0"], "[0, 1)"),
+        (["train", "--learning-rate", "0"], "--learning-rate"),
+        (["train", "--loop", "keras"], "--loop keras"),
+        (["train", "--model", "efficientnetv2-b0", "--weights", "/nope/w.h5"], "no such file"),
+        (["train", "--model", "small-cnn", "--fine-tune-epochs", "2"], "pretrained base"),
+        (["train", "--epochs"], "expected one argument"),
+        (["frobnicate"], "invalid choice"),
+        (["bench", "pipeline", "--batch-size", "0"], "must be at least 1"),
+        (["launch", "--workers", "0", "--", "--epochs", "1"], "must be at least 1"),
+    ],
+)
+def test_bad_options_fail_fast_in_one_line(args, fragment):
+    _assert_usage_error(run_mdtrain(*args, timeout=60), fragment)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "layout, extra, fragment",
+    [
+        (None, [], "no such folder"),
+        ({}, [], "found 0 class folder"),
+        ({"cats": 3}, [], "at least two"),
+        ({"cats": 0, "dogs": 0}, [], "no image files"),
+        ({"cats": 2, "dogs": 2}, [], "none of the training images can be decoded"),
+        ("tiny", ["--global-batch-size", "1", "--strategy", "cpu:2"], "smaller than the 2 replicas"),
+        ("tiny", ["--global-batch-size", "5", "--strategy", "cpu:2"], "not a multiple"),
+        ("tiny-val-mismatch", [], "differ from the training classes"),
+    ],
+)
+def test_bad_data_fails_in_one_line(tmp_path, tiny_dataset, layout, extra, fragment):
+    data = tmp_path / "data"
+    if layout == "tiny":
+        data = tiny_dataset
+    elif layout == "tiny-val-mismatch":
+        shutil.copytree(tiny_dataset, data)
+        (data / "val" / "square").rename(data / "val" / "hexagon")
+    elif layout is not None:
+        data.mkdir()
+        _tree(data, layout)
+    _assert_usage_error(run_mdtrain("train", "--data", str(data), *extra, *TRAIN_FAST), fragment)
+
+
+@pytest.mark.slow
+def test_imagenet_weights_offline_is_a_clear_error(tiny_dataset):
+    # A proxy that refuses connections makes the download fail at once, network or not.
+    offline = {"HTTPS_PROXY": "http://127.0.0.1:9", "https_proxy": "http://127.0.0.1:9"}
+    proc = run_mdtrain("train", "--data", str(tiny_dataset), "--model", "efficientnetv2-b0",
+                       "--weights", "imagenet", *TRAIN_FAST, env=offline)  # fmt: skip
+    _assert_usage_error(proc, "could not download the ImageNet weights")
+
+
+def test_data_check_missing_folder(tmp_path):
+    _assert_usage_error(run_mdtrain("data", "check", str(tmp_path / "nope")), "no such folder")
+
+
+def test_python_dash_m_and_help():
+    proc = run_mdtrain("--help")
+    assert proc.returncode == 0
+    for command in ("data", "train", "bench", "launch"):
+        assert command in proc.stdout

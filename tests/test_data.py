@@ -1,0 +1,111 @@
+"""Dataset discovery, splitting and checking on real files."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+
+from mdtrain.data import check_dataset, load_splits, resolve_layout, scan_class_folders
+from mdtrain.errors import UsageError
+from mdtrain.images import sniff_format
+
+
+def test_resolve_layout_finds_train_and_val(tiny_dataset):
+    train, val = resolve_layout(tiny_dataset)
+    assert train == tiny_dataset / "train"
+    assert val == tiny_dataset / "val"
+    assert resolve_layout(tiny_dataset / "train") == (tiny_dataset / "train", None)
+
+
+def test_scan_lists_classes_in_order_and_ignores_non_images(messy_dataset):
+    images, classes = scan_class_folders(messy_dataset)
+    assert classes == ["circle", "cross", "square"]
+    names = {os.path.basename(f) for f in images.files}
+    assert "README.txt" not in names
+    assert "x.jpg" not in names  # inside a hidden folder
+    assert {"truncated.jpg", "empty.png", "notes.jpg", "really_a_jpeg.png"} <= names
+    assert images.counts(3)[1:] == [8, 8]
+
+
+def test_load_splits_skips_and_reports_unreadable_files(messy_dataset):
+    splits = load_splits(messy_dataset)
+    skipped = {os.path.basename(s.path): s.reason for s in splits.skipped}
+    assert set(skipped) == {"truncated.jpg", "empty.png", "notes.jpg"}
+    assert skipped["empty.png"] == "empty file"
+    assert "not a JPEG" in skipped["notes.jpg"]
+    kept = {os.path.basename(f) for f in splits.train.files}
+    assert "really_a_jpeg.png" in kept
+    assert len(splits.train) == 8 * 3 + 1
+
+
+def test_validation_split_is_stratified_and_seeded(tiny_dataset):
+    a = load_splits(tiny_dataset / "train", validation_split=0.25, seed=3, check_decoding=False)
+    b = load_splits(tiny_dataset / "train", validation_split=0.25, seed=3, check_decoding=False)
+    c = load_splits(tiny_dataset / "train", validation_split=0.25, seed=4, check_decoding=False)
+    assert a.val.files == b.val.files and a.val.files != c.val.files
+    assert a.val.counts(3) == [2, 2, 2]
+    assert not set(a.train.files) & set(a.val.files)
+
+
+def test_split_layout_uses_val_folder(tiny_dataset):
+    splits = load_splits(tiny_dataset, check_decoding=False)
+    assert len(splits.train) == 24 and len(splits.val) == 3
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda p: None, "no such folder"),
+        (lambda p: p.mkdir(), "found 0 class folder"),
+        (lambda p: (p / "only").mkdir(parents=True), "at least two"),
+        (lambda p: [(p / c).mkdir(parents=True) for c in "ab"], "no image files"),
+    ],
+)
+def test_bad_folders_raise_usage_errors(tmp_path, make, message):
+    target = tmp_path / "data"
+    make(target)
+    with pytest.raises(UsageError, match=message):
+        load_splits(target)
+
+
+def test_validation_classes_must_match(tiny_dataset, tmp_path):
+    val = tmp_path / "val"
+    shutil.copytree(tiny_dataset / "val", val)
+    shutil.rmtree(val / "square")
+    (val / "hexagon").mkdir()
+    with pytest.raises(UsageError, match="differ from the training classes"):
+        load_splits(tiny_dataset / "train", val_dir=val)
+
+
+@pytest.mark.parametrize("split", [-0.1, 1.0, 1.5])
+def test_validation_split_out_of_range(tiny_dataset, split):
+    with pytest.raises(UsageError, match=r"\[0, 1\)"):
+        load_splits(tiny_dataset, validation_split=split)
+
+
+def test_check_reports_everything_and_modifies_nothing(messy_dataset):
+    before = {p: p.stat().st_mtime_ns for p in messy_dataset.rglob("*")}
+    report = check_dataset(messy_dataset)
+    after = {p: p.stat().st_mtime_ns for p in messy_dataset.rglob("*")}
+    assert before == after
+    assert report.class_names == ["circle", "cross", "square"]
+    assert report.counts == {"train": {"circle": 9, "cross": 8, "square": 8}}
+    assert {os.path.basename(s.path) for s in report.unreadable} == {
+        "truncated.jpg",
+        "empty.png",
+        "notes.jpg",
+    }
+    assert [os.path.basename(s.path) for s in report.mismatched] == ["really_a_jpeg.png"]
+    assert "content is jpeg" in report.mismatched[0].reason
+    assert report.imbalance == pytest.approx(9 / 8)
+    d = report.to_dict()
+    assert d["num_images"] == 25 and len(d["unreadable"]) == 3
+    text = report.to_text()
+    assert "3 unreadable" in text and "really_a_jpeg.png" in text
+
+
+def test_sniff_format_goes_by_content(messy_dataset):
+    assert sniff_format(messy_dataset / "circle" / "really_a_jpeg.png") == "jpeg"
+    assert sniff_format(messy_dataset / "circle" / "notes.jpg") is None
