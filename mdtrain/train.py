@@ -51,6 +51,7 @@ class TrainConfig:
     seed: int = 0
     deterministic: bool = False
     backup_dir: str | None = None
+    backup_every_steps: int | None = None
     output: str | None = None
     cache: bool = True
     monitor: str = "auto"
@@ -58,30 +59,53 @@ class TrainConfig:
 
     def validate(self) -> None:
         """Raises `UsageError` for any value that cannot work, before TensorFlow starts."""
-        from mdtrain.distribute import check_strategy_name
-        from mdtrain.models import MODELS
+        from mdtrain.choices import check_model_name, check_strategy_name
 
         check_strategy_name(self.strategy)
-        if self.model not in MODELS:
-            raise UsageError(f"--model {self.model}: unknown; choose one of {', '.join(MODELS)}")
+        check_model_name(self.model)
         checks = [
             (self.epochs >= 1, f"--epochs {self.epochs}: must be at least 1"),
-            (self.fine_tune_epochs >= 0, f"--fine-tune-epochs {self.fine_tune_epochs}: must be >= 0"),
-            (self.image_size is None or self.image_size >= 8,
-             f"--image-size {self.image_size}: must be at least 8 pixels"),
+            (
+                self.fine_tune_epochs >= 0,
+                f"--fine-tune-epochs {self.fine_tune_epochs}: must be >= 0",
+            ),
+            (
+                self.image_size is None or self.image_size >= 8,
+                f"--image-size {self.image_size}: must be at least 8 pixels",
+            ),
             (self.learning_rate > 0, f"--learning-rate {self.learning_rate}: must be positive"),
             (self.loop in ("fit", "custom"), f"--loop {self.loop}: choose fit or custom"),
-            (self.class_weight in ("auto", "none"), f"--class-weight {self.class_weight}: choose auto or none"),
-            (0 <= self.validation_split < 1,
-             f"--validation-split {self.validation_split}: must be in [0, 1) (0 means no validation)"),
-            (self.batch_size_per_replica is None or self.batch_size_per_replica >= 1,
-             f"--batch-size-per-replica {self.batch_size_per_replica}: must be at least 1"),
-            (self.global_batch_size is None or self.global_batch_size >= 1,
-             f"--global-batch-size {self.global_batch_size}: must be at least 1"),
+            (
+                self.class_weight in ("auto", "none"),
+                f"--class-weight {self.class_weight}: choose auto or none",
+            ),
+            (
+                0 <= self.validation_split < 1,
+                f"--validation-split {self.validation_split}: must be in [0, 1) "
+                "(0 means no validation)",
+            ),
+            (
+                self.batch_size_per_replica is None or self.batch_size_per_replica >= 1,
+                f"--batch-size-per-replica {self.batch_size_per_replica}: must be at least 1",
+            ),
+            (
+                self.global_batch_size is None or self.global_batch_size >= 1,
+                f"--global-batch-size {self.global_batch_size}: must be at least 1",
+            ),
             (0 <= self.dropout < 1, f"--dropout {self.dropout}: must be in [0, 1)"),
-            (self.fine_tune_epochs == 0 or self.model != "small-cnn",
-             "--fine-tune-epochs needs a pretrained base: use an EfficientNetV2 model"),
-        ]  # fmt: skip
+            (
+                self.backup_every_steps is None or self.backup_every_steps >= 1,
+                f"--backup-every-steps {self.backup_every_steps}: must be at least 1",
+            ),
+            (
+                self.backup_every_steps is None or self.backup_dir,
+                "--backup-every-steps needs --backup-dir",
+            ),
+            (
+                self.fine_tune_epochs == 0 or self.model != "small-cnn",
+                "--fine-tune-epochs needs a pretrained base: use an EfficientNetV2 model",
+            ),
+        ]
         for ok, message in checks:
             if not ok:
                 raise UsageError(message)
@@ -118,6 +142,7 @@ class TrainResult:
     output: str | None
     model: object = field(repr=False, default=None)
     monitor_summary: dict | None = None
+    is_chief: bool = True  # False on the other workers of a multi-worker run
 
     def summary(self) -> dict:
         return {
@@ -140,26 +165,6 @@ def balanced_class_weights(counts: list[int]) -> list[float]:
     """`n / (k × n_c)` per class: every class contributes equally to the loss."""
     total, k = sum(counts), len(counts)
     return [total / (k * c) if c else 0.0 for c in counts]
-
-
-def _resume_epoch(backup_dir: str | None) -> int:
-    """The epoch Keras' BackupAndRestore will resume at (0 when there is no backup).
-
-    Read before the dataset is built, so the resumed epochs get the same
-    shuffle order as an uninterrupted run.
-    """
-    if not backup_dir:
-        return 0
-    path = Path(backup_dir) / "training_metadata.json"
-    if not path.exists():
-        return 0
-    try:
-        return int(json.loads(path.read_text())["epoch"])
-    except (ValueError, KeyError, TypeError) as e:
-        raise UsageError(
-            f"--backup-dir {backup_dir}: the backup is corrupt or partial ({path.name}: "
-            f"{type(e).__name__}); move it away to start afresh"
-        ) from None
 
 
 def _say(config: TrainConfig, text: str) -> None:
@@ -198,19 +203,30 @@ def train(config: TrainConfig, callbacks: list | None = None) -> TrainResult:
     import tensorflow as tf
 
     from mdtrain.augment import AugmentPolicy
+    from mdtrain.backup import Backup, remove_backups, restore
     from mdtrain.data import load_splits
-    from mdtrain.distribute import BatchGeometry, make_strategy, resolve_global_batch_size
+    from mdtrain.distribute import (
+        BatchGeometry,
+        make_strategy,
+        multiworker_strategy,
+        resolve_global_batch_size,
+    )
     from mdtrain.loop import ExactTrainer, custom_fit
     from mdtrain.models import build_model, unfreeze_top
     from mdtrain.pipeline import InputData
     from mdtrain.sources import ensure_demo_dataset
 
+    # First: MultiWorkerMirroredStrategy must configure collectives before TensorFlow
+    # initialises its runtime (make_strategy lists logical devices, which does).
+    if config.strategy == "multiworker":
+        strategy = multiworker_strategy()
+    else:
+        strategy = make_strategy(config.strategy)
     keras.utils.set_random_seed(config.seed)
     if config.deterministic:
         tf.config.experimental.enable_op_determinism()
     data_dir = config.data if config.data is not None else str(ensure_demo_dataset())
     splits = load_splits(data_dir, config.val_data, config.validation_split, config.seed)
-    strategy = make_strategy(config.strategy)
     replicas = strategy.num_replicas_in_sync
     global_batch = resolve_global_batch_size(
         replicas, config.batch_size_per_replica, config.global_batch_size
@@ -226,9 +242,25 @@ def train(config: TrainConfig, callbacks: list | None = None) -> TrainResult:
         deterministic=config.deterministic,
     )
     geometry = BatchGeometry(inputs.num_train, global_batch, replicas)
-    _say(config, f"strategy {type(strategy).__name__} with {replicas} replica(s): {geometry.describe()}")
-    _say(config, f"data {data_dir}: {len(splits.class_names)} classes, {inputs.num_train} train, "
-                 f"{inputs.num_val} validation, {len(splits.skipped)} unreadable file(s) skipped")  # fmt: skip
+    chief = _is_chief(strategy)
+    loop = config.loop
+    if loop == "fit" and isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        # Keras 3's fit reduces a sample batch across workers before training and fails
+        # under this strategy (keras-team/keras#20585); the custom loop has the same numerics.
+        loop = "custom"
+        _say(config, "multi-worker: using the custom training loop (Keras 3's fit cannot run here)")
+    if not chief:  # every worker prints its geometry; only the chief reports progress
+        config = dataclasses.replace(config, verbose=0)
+        print(f"worker {_task_id(strategy)}: {geometry.describe()}", flush=True)
+    _say(
+        config,
+        f"strategy {type(strategy).__name__} with {replicas} replica(s): {geometry.describe()}",
+    )
+    _say(
+        config,
+        f"data {data_dir}: {len(splits.class_names)} classes, {inputs.num_train} train, "
+        f"{inputs.num_val} validation, {len(splits.skipped)} unreadable file(s) skipped",
+    )
     for s in splits.skipped[:10]:
         _say(config, f"  skipped {s.path}: {s.reason}")
 
@@ -247,10 +279,10 @@ def train(config: TrainConfig, callbacks: list | None = None) -> TrainResult:
             )
             trainer = ExactTrainer(net, class_weights)
             trainer.build((None, image_size, image_size, 3))
+            _skip_sample_batch_reduce(trainer, strategy)
     finally:
         keras.mixed_precision.set_dtype_policy(policy)
 
-    chief = _is_chief(strategy)
     extra = list(callbacks or [])
     from mdtrain.monitor import make_monitor
 
@@ -261,46 +293,88 @@ def train(config: TrainConfig, callbacks: list | None = None) -> TrainResult:
         display=config.monitor if chief else "none",
     )
     extra.append(monitor)
-    backup_dir = config.backup_dir
-    if backup_dir and not chief:  # Keras' backups are per worker; keep the others' apart
-        backup_dir = os.path.join(backup_dir, f"worker-{_worker_index()}")
-    if backup_dir:
-        extra.append(keras.callbacks.BackupAndRestore(backup_dir, double_checkpoint=True))
-    start_epoch = _resume_epoch(backup_dir)
-    if start_epoch:
-        _say(config, f"resuming from {backup_dir} at epoch {start_epoch + 1}")
-
+    # What gives a saved position its meaning; a backup made under other values is refused.
+    fingerprint = dict(
+        model=config.model,
+        image_size=image_size,
+        class_names=splits.class_names,
+        num_train=inputs.num_train,
+        global_batch_size=global_batch,
+        seed=config.seed,
+    )
+    point = _resume_point(config, fingerprint, chief, replicas)
     phases = [(0, config.epochs, config.learning_rate, False)]
     if config.fine_tune_epochs:
         total = config.epochs + config.fine_tune_epochs
         phases.append((config.epochs, total, config.learning_rate / 10, True))
     history: list[dict[str, float]] = []
     started = time.perf_counter()
-    for first, last, lr, fine_tune in phases:
+    start_epoch = point.epoch
+    for phase, (first, last, lr, fine_tune) in enumerate(phases):
         if last <= start_epoch:
             continue
         with strategy.scope():
             if fine_tune:
                 n = unfreeze_top(net)
-                _say(config, f"fine-tuning: {n} top layers of the base unfrozen, learning rate {lr:g}")
+                _say(
+                    config,
+                    f"fine-tuning: {n} top layers of the base unfrozen, learning rate {lr:g}",
+                )
             trainer.compile(optimizer=keras.optimizers.Adam(lr))
+            if point.path is not None and first <= start_epoch:  # the phase the backup is in
+                restore(trainer, point, with_optimizer=point.phase == phase)
         first = max(first, start_epoch)
-        train_ds = inputs.train_epochs(first, last)
-        run_kwargs = dict(epochs=last, steps_per_epoch=inputs.steps_per_epoch, callbacks=extra)
-        if config.loop == "fit":
-            hist = trainer.fit(
-                train_ds, validation_data=inputs.val_ds, initial_epoch=first,
-                verbose=config.verbose, **run_kwargs,
-            )  # fmt: skip
-        else:
-            hist = custom_fit(
-                trainer, strategy, train_ds, val_ds=inputs.val_ds, initial_epoch=first,
-                num_examples=inputs.num_train, verbose=config.verbose, **run_kwargs,
-            )  # fmt: skip
-        keys = list(hist.history)
-        history += [
-            {k: float(hist.history[k][i]) for k in keys} for i in range(len(hist.history[keys[0]]))
-        ] if keys else []  # fmt: skip
+        segments = []  # (first epoch, train_ds, steps per epoch, steps already done)
+        if first == point.epoch and point.step:
+            # Mid-epoch resume: the rest of that epoch's batches, with their original
+            # step numbers (augmentation seeds), then the remaining whole epochs.
+            rest = inputs.train_epochs(first, first + 1).skip(point.step)
+            segments.append((first, rest, inputs.steps_per_epoch - point.step, point.step))
+            first += 1
+        if first < last:
+            segments.append((first, inputs.train_epochs(first, last), inputs.steps_per_epoch, 0))
+        for seg_first, train_ds, steps, done in segments:
+            seg_last = seg_first + 1 if done else last
+            run_callbacks = list(extra)
+            if config.backup_dir:
+                run_callbacks.append(
+                    Backup(
+                        config.backup_dir,
+                        fingerprint,
+                        phase,
+                        inputs.steps_per_epoch,
+                        config.backup_every_steps,
+                        step_offset=done,
+                        write=chief,
+                    )
+                )
+            run_kwargs = dict(
+                epochs=seg_last,
+                steps_per_epoch=steps,
+                callbacks=run_callbacks,
+                initial_epoch=seg_first,
+                verbose=config.verbose,
+            )
+            if loop == "fit":
+                hist = trainer.fit(train_ds, validation_data=inputs.val_ds, **run_kwargs)
+            else:
+                hist = custom_fit(
+                    trainer,
+                    strategy,
+                    train_ds,
+                    val_ds=inputs.val_ds,
+                    num_examples=inputs.num_train,
+                    **run_kwargs,
+                )
+            keys = list(hist.history)
+            history += (
+                [
+                    {k: float(hist.history[k][i]) for k in keys}
+                    for i in range(len(hist.history[keys[0]]))
+                ]
+                if keys
+                else []
+            )
     elapsed = time.perf_counter() - started
 
     summary = monitor.summary()
@@ -318,23 +392,61 @@ def train(config: TrainConfig, callbacks: list | None = None) -> TrainResult:
         output=config.output,
         model=net,
         monitor_summary=summary.to_dict(),
+        is_chief=chief,
     )
     if config.output:
         _write_outputs(result, chief)
+    if config.backup_dir and chief:  # finished: the outputs now hold the result
+        remove_backups(config.backup_dir)
     return result
 
 
-def _worker_index() -> int:
-    return int(json.loads(os.environ.get("TF_CONFIG", "{}")).get("task", {}).get("index", 0))
+def _resume_point(config: TrainConfig, fingerprint: dict, chief: bool, replicas: int):
+    """The verified backup to resume from (epoch 0 when none); prints one line about it."""
+    from mdtrain.backup import ResumePoint, find_resume_point, remove_unfinished
+
+    if not config.backup_dir:
+        return ResumePoint()
+    if chief:
+        for name in remove_unfinished(config.backup_dir):
+            _say(config, f"backup: removed {name}, a save that a killed process left unfinished")
+    point = find_resume_point(config.backup_dir, fingerprint)
+    if point.path is not None:
+        where = f"epoch {point.epoch + 1}" + (f", step {point.step + 1}" if point.step else "")
+        print(f"resuming from {point.path} at {where}", flush=True)
+    return point
+
+
+def _skip_sample_batch_reduce(trainer, strategy) -> None:
+    """Keeps Keras 3's fit/evaluate from all-reducing a sample batch before they start.
+
+    Keras does it (`_maybe_symbolic_build`) to build an unbuilt model, and it fails
+    when that batch splits unevenly over the replicas (a resumed epoch's last batch,
+    a validation set smaller than a batch) and under MultiWorkerMirroredStrategy
+    (keras-team/keras#20585). The trainer is built already: only the optimizer is left.
+    """
+
+    def build(iterator=None, data_batch=None):
+        with strategy.scope():
+            trainer._symbolic_build()
+
+    trainer._maybe_symbolic_build = build
+
+
+def _task_id(strategy) -> int:
+    resolver = getattr(strategy, "cluster_resolver", None)
+    return int(getattr(resolver, "task_id", 0) or 0)
 
 
 def _is_chief(strategy) -> bool:
+    """True unless this is a non-chief worker of a multi-worker cluster (TF_CONFIG or Slurm)."""
     resolver = getattr(strategy, "cluster_resolver", None)
-    if resolver is None or not os.environ.get("TF_CONFIG"):
+    if resolver is None or not resolver.cluster_spec().as_dict():
         return True
     task_type, task_id = resolver.task_type, resolver.task_id
-    return task_type == "chief" or (task_type == "worker" and task_id == 0 and
-                                    "chief" not in resolver.cluster_spec().as_dict())  # fmt: skip
+    return task_type in (None, "chief") or (
+        task_type == "worker" and task_id == 0 and "chief" not in resolver.cluster_spec().as_dict()
+    )
 
 
 def _write_outputs(result: TrainResult, chief: bool) -> None:

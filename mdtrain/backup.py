@@ -1,0 +1,291 @@
+"""Backups a killed run resumes from exactly: weights, optimizer, dropout RNG, position.
+
+Why not `keras.callbacks.BackupAndRestore` (Keras 3)? It saves the weights and
+optimizer but not the dropout layers' `SeedGenerator` state, so a resumed run
+draws different dropout masks; it resumes only at epoch starts even when it
+saved mid-epoch (the epoch is then run again on already-updated weights); with
+`double_checkpoint=True` it silently falls back to the previous checkpoint when
+the newest cannot be read; and it deletes its backup after every `fit`, which
+loses the state between a training and a fine-tuning phase.
+
+Layout of `backup_dir` (one folder per save, the newest two kept):
+
+    ckpt-00003-000000/   epoch 3 (0-based, next to run), step 0 of it
+        net.weights.h5   the network's weights (with BatchNorm statistics)
+        state.npz        optimizer variables and dropout seed-generator states
+        MANIFEST.json    position, run fingerprint, SHA-256 of the files above
+
+A save is written to a `tmp-*` folder, the manifest last, then renamed into
+place, so a process killed mid-save leaves a `tmp-*` folder that is never
+loaded. On resume the newest `ckpt-*` folder is verified file by file; a
+mismatch is an error (`UsageError`), never a silent fall-back.
+
+Under multi-worker training only the chief writes; every worker restores from
+the same folder, which must therefore be on a filesystem all workers share.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import keras
+import numpy as np
+
+from mdtrain.errors import UsageError
+
+NET_FILE, STATE_FILE, MANIFEST_FILE = "net.weights.h5", "state.npz", "MANIFEST.json"
+_CKPT = re.compile(r"^ckpt-(\d{5})-(\d{6})$")
+_KEEP = 2
+
+
+@dataclass
+class ResumePoint:
+    """Where a run continues: epoch (0-based, next to run) and steps already done in it."""
+
+    epoch: int = 0
+    step: int = 0
+    phase: int = 0
+    path: Path | None = None
+    fingerprint: dict = field(default_factory=dict)
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _corrupt(backup_dir, ckpt: Path, why: str) -> UsageError:
+    return UsageError(
+        f"--backup-dir {backup_dir}: backup {ckpt.name} is corrupt or partial ({why}); "
+        "nothing was loaded: move the folder away to start afresh"
+    )
+
+
+def find_resume_point(
+    backup_dir: str | os.PathLike, fingerprint: dict | None = None
+) -> ResumePoint:
+    """Finds and verifies the newest backup in `backup_dir`.
+
+    Args:
+        backup_dir: the run's `--backup-dir`.
+        fingerprint: what must match between the saving and the resuming run
+            (model, image size, batch, seed, ...). Defaults to None (not checked).
+
+    Returns:
+        The `ResumePoint`; epoch 0, step 0 and no path when there is no backup.
+
+    Raises:
+        UsageError: if the newest backup is missing a file, fails its checksum,
+            or was made by a run with another fingerprint.
+
+    Example:
+        >>> find_resume_point("/nonexistent").epoch
+        0
+    """
+    root = Path(backup_dir)
+    ckpts = sorted(p for p in root.glob("ckpt-*") if _CKPT.match(p.name)) if root.is_dir() else []
+    if not ckpts:
+        return ResumePoint()
+    ckpt = ckpts[-1]
+    try:
+        manifest = json.loads((ckpt / MANIFEST_FILE).read_text())
+        files = manifest["files"]
+        point = ResumePoint(
+            int(manifest["epoch"]),
+            int(manifest["step"]),
+            int(manifest.get("phase", 0)),
+            ckpt,
+            manifest.get("fingerprint", {}),
+        )
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise _corrupt(
+            backup_dir, ckpt, f"{MANIFEST_FILE} unreadable: {type(e).__name__}"
+        ) from None
+    for name in (NET_FILE, STATE_FILE):
+        path = ckpt / name
+        if name not in files or not path.is_file():
+            raise _corrupt(backup_dir, ckpt, f"{name} missing")
+        if _sha256(path) != files[name]:
+            raise _corrupt(backup_dir, ckpt, f"{name} fails its SHA-256 checksum")
+    if fingerprint is not None and point.fingerprint != fingerprint:
+        changed = sorted(k for k in fingerprint if point.fingerprint.get(k) != fingerprint[k])
+        raise UsageError(
+            f"--backup-dir {backup_dir}: the backup was made by a run with other settings "
+            f"({', '.join(changed) or 'fingerprint'} differ); use the same command, or "
+            "another --backup-dir"
+        )
+    return point
+
+
+def _seed_generators(net: keras.Model) -> list:
+    return [sg for layer in net._flatten_layers() for sg in getattr(layer, "_seed_generators", [])]
+
+
+def restore(trainer, point: ResumePoint, with_optimizer: bool = True) -> None:
+    """Loads a verified backup into a built, compiled `ExactTrainer`.
+
+    Args:
+        trainer: the trainer, compiled for the phase being resumed.
+        point: from `find_resume_point`.
+        with_optimizer: also load the optimizer variables (False when the
+            backup ended a phase and the next phase starts a fresh optimizer).
+            Defaults to True.
+
+    Raises:
+        UsageError: if the backup does not fit the model.
+    """
+    net = trainer.net
+    try:
+        net.load_weights(point.path / NET_FILE)
+        with np.load(point.path / STATE_FILE) as state:
+            seeds = [state[f"seed_{i}"] for i in range(int(state["num_seeds"]))]
+            optimizer = [state[f"opt_{i}"] for i in range(int(state["num_opt"]))]
+    except (OSError, ValueError, KeyError) as e:
+        raise UsageError(
+            f"backup {point.path}: does not fit this model ({type(e).__name__}: {e}); "
+            "use another --backup-dir"
+        ) from None
+    generators = _seed_generators(net)
+    if len(seeds) != len(generators):
+        raise UsageError(f"backup {point.path}: {len(seeds)} dropout seeds for {len(generators)}")
+    for sg, value in zip(generators, seeds, strict=True):
+        sg.state.assign(value)
+    if with_optimizer:
+        if not trainer.optimizer.built:
+            trainer.optimizer.build(net.trainable_variables)
+        variables = trainer.optimizer.variables
+        if len(variables) != len(optimizer):
+            raise UsageError(
+                f"backup {point.path}: {len(optimizer)} optimizer variables for {len(variables)}"
+            )
+        for v, value in zip(variables, optimizer, strict=True):
+            v.assign(value)
+
+
+def save(backup_dir: str | os.PathLike, trainer, point: ResumePoint) -> Path:
+    """Writes one complete backup of `trainer` at `point` and drops the older ones.
+
+    Args:
+        backup_dir: the folder.
+        trainer: the `ExactTrainer` being trained.
+        point: the position the backup resumes at (`path` is ignored).
+
+    Returns:
+        The new `ckpt-*` folder.
+    """
+    root = Path(backup_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix="tmp-", dir=root))
+    trainer.net.save_weights(tmp / NET_FILE)
+    seeds = [np.asarray(sg.state.numpy()) for sg in _seed_generators(trainer.net)]
+    optimizer = [np.asarray(v.numpy()) for v in trainer.optimizer.variables]
+    arrays = {f"seed_{i}": s for i, s in enumerate(seeds)}
+    arrays.update({f"opt_{i}": v for i, v in enumerate(optimizer)})
+    np.savez(tmp / STATE_FILE, num_seeds=len(seeds), num_opt=len(optimizer), **arrays)
+    files = {name: _sha256(tmp / name) for name in (NET_FILE, STATE_FILE)}
+    manifest = {
+        "epoch": point.epoch,
+        "step": point.step,
+        "phase": point.phase,
+        "fingerprint": point.fingerprint,
+        "files": files,
+    }
+    with open(tmp / MANIFEST_FILE, "w") as f:  # written last: its presence means complete
+        json.dump(manifest, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+    for name in (NET_FILE, STATE_FILE):
+        with open(tmp / name, "rb") as f:
+            os.fsync(f.fileno())
+    final = root / f"ckpt-{point.epoch:05d}-{point.step:06d}"
+    if final.exists():  # the same position saved again (a resumed run): replace it
+        shutil.rmtree(final)
+    os.rename(tmp, final)
+    for old in sorted(p for p in root.glob("ckpt-*") if _CKPT.match(p.name))[:-_KEEP]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def remove_unfinished(backup_dir: str | os.PathLike) -> list[str]:
+    """Deletes `tmp-*` folders left by a process killed while saving; returns their names."""
+    root = Path(backup_dir)
+    gone = sorted(p.name for p in root.glob("tmp-*")) if root.is_dir() else []
+    for name in gone:
+        shutil.rmtree(root / name, ignore_errors=True)
+    return gone
+
+
+def remove_backups(backup_dir: str | os.PathLike) -> None:
+    """Deletes mdtrain's backups (and the folder if then empty) after a finished run."""
+    root = Path(backup_dir)
+    if not root.is_dir():
+        return
+    for p in [*root.glob("ckpt-*"), *root.glob("tmp-*")]:
+        shutil.rmtree(p, ignore_errors=True)
+    try:
+        root.rmdir()
+    except OSError:
+        pass  # other files are the user's
+
+
+class Backup(keras.callbacks.Callback):
+    """Saves a backup at each epoch end and, optionally, every `every_steps` steps.
+
+    Args:
+        backup_dir: the folder.
+        fingerprint: stored with each backup, checked on resume.
+        phase: 0 for training, 1 for fine-tuning.
+        steps_per_epoch: steps in one epoch.
+        every_steps: also save after every this many steps within an epoch.
+            Defaults to None (epoch ends only).
+        step_offset: steps of the first epoch done before this `fit` (a
+            mid-epoch resume). Defaults to 0.
+        write: False on non-chief workers, which only restore. Defaults to True.
+    """
+
+    def __init__(
+        self,
+        backup_dir,
+        fingerprint: dict,
+        phase: int,
+        steps_per_epoch: int,
+        every_steps=None,
+        step_offset: int = 0,
+        write: bool = True,
+    ):
+        super().__init__()
+        self.backup_dir, self.fingerprint, self.phase = backup_dir, fingerprint, phase
+        self.steps_per_epoch = steps_per_epoch
+        self.every_steps, self.step_offset, self.write = every_steps, step_offset, write
+        self._epoch = 0
+
+    def _save(self, epoch: int, step: int) -> None:
+        if self.write:
+            save(
+                self.backup_dir,
+                self.model,
+                ResumePoint(epoch, step, self.phase, None, self.fingerprint),
+            )
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch = epoch
+
+    def on_train_batch_end(self, batch, logs=None):
+        step = self.step_offset + batch + 1
+        # The epoch's last step is saved by on_epoch_end, after validation.
+        if self.every_steps and step % self.every_steps == 0 and step < self.steps_per_epoch:
+            self._save(self._epoch, step)
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.step_offset = 0  # only the first epoch of a resumed fit starts part-way
+        self._save(epoch + 1, 0)
