@@ -83,8 +83,6 @@ def _add_train(sub) -> None:
     t.add_argument("--backup-dir", help="resume from / back up to this folder every epoch")
     t.add_argument("--backup-every-steps", type=_positive_int,
                    help="also back up every N steps within an epoch (needs --backup-dir)")
-    t.add_argument("--backup-every-steps", type=_positive_int,
-                   help="also back up every N steps within an epoch (needs --backup-dir)")
     t.add_argument("--output", help="folder for model.keras, history.json, report.json")
     t.add_argument("--monitor", default="auto", help="auto, widget, text or none")
     t.add_argument("--json", action="store_true", help="end with one JSON summary line")
