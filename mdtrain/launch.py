@@ -12,9 +12,13 @@ no restarts are left (exit code 2, a usage error, is never restarted); 124 when
 workers appear stuck; 130 on Ctrl-C; 143 on SIGTERM. A process killed by signal N
 counts as 128 + N, as in a shell.
 
-Security: TensorFlow's gRPC servers are unauthenticated; anyone who can reach a
-worker's port can join or disrupt the job. The launcher binds 127.0.0.1 only
-unless `host` is given explicitly; never point it at an untrusted network.
+Security: TensorFlow's gRPC servers are unauthenticated and unencrypted; anyone
+who can reach a worker's port can join or disrupt the job. The launcher puts only
+127.0.0.1 addresses in `TF_CONFIG` unless `host` is given explicitly, so workers
+talk over loopback; but TensorFlow's server *listens* on every interface of the
+port (it ignores the host; checked with `ss -ltn` under TF 2.21). On a machine
+reachable from an untrusted network, firewall the ports or run the workers in a
+network namespace or container without outside access.
 """
 
 from __future__ import annotations
@@ -353,6 +357,41 @@ def _watch(attempt: _Attempt, number: int, restarts: int, hang_timeout_s, say) -
                 _stop(procs)
                 return HANG_EXIT_CODE
         time.sleep(_POLL_S)
+
+
+def kill_worker_when(pattern: str | os.PathLike, index: int, timeout_s: float = 600.0):
+    """Kills worker `index` with SIGKILL once a file matching `pattern` exists (a fault drill).
+
+    For demonstrating and testing `--restarts` with `--backup-dir`: call it just
+    before `launch` or `run_workers` in the same process, with e.g.
+    `"backup/ckpt-*"`, so a worker dies right after the first backup.
+
+    Args:
+        pattern: a glob pattern, absolute or relative to the current folder.
+        index: the worker to kill (its `MDTRAIN_WORKER_INDEX`).
+        timeout_s: give up after this many seconds. Defaults to `600.0`.
+
+    Returns:
+        The watching daemon thread.
+    """
+    import glob
+
+    import psutil
+
+    def watch() -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and not glob.glob(str(pattern)):
+            time.sleep(_POLL_S)
+        for child in psutil.Process().children():
+            try:
+                if child.environ().get("MDTRAIN_WORKER_INDEX") == str(index):
+                    child.send_signal(signal.SIGKILL)
+            except psutil.Error:
+                pass
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread
 
 
 def _strategy_arg(train_args: list[str]) -> str | None:

@@ -417,6 +417,44 @@ def _resume_point(config: TrainConfig, fingerprint: dict, chief: bool, replicas:
     return point
 
 
+def saved_weights(model_file: str | os.PathLike) -> dict:
+    """Every weight array stored in a `.keras` file, by its path inside the file."""
+    import io
+    import zipfile
+
+    import h5py
+
+    with zipfile.ZipFile(model_file) as z:
+        h5 = h5py.File(io.BytesIO(z.read("model.weights.h5")))
+        out = {}
+
+        def keep(name, item) -> None:  # visititems stops at the first non-None return
+            if isinstance(item, h5py.Dataset):
+                out[name] = item[()]
+
+        h5.visititems(keep)
+        return out
+
+
+def max_weight_difference(model_a: str | os.PathLike, model_b: str | os.PathLike) -> float:
+    """Largest relative difference between two saved models' weights (0.0: identical).
+
+    Per array: max |a - b| / max |a|; the maximum over all arrays.
+
+    Example:
+        >>> max_weight_difference("runs/a/model.keras", "runs/b/model.keras")  # doctest: +SKIP
+        0.0
+    """
+    import numpy as np
+
+    a, b = saved_weights(model_a), saved_weights(model_b)
+    if a.keys() != b.keys() or not a:
+        raise UsageError(f"{model_a} and {model_b} hold different models")
+    return max(
+        float(np.max(np.abs(a[k] - b[k])) / max(float(np.max(np.abs(a[k]))), 1e-12)) for k in a
+    )
+
+
 def _skip_sample_batch_reduce(trainer, strategy) -> None:
     """Keeps Keras 3's fit/evaluate from all-reducing a sample batch before they start.
 

@@ -1,0 +1,204 @@
+"""Exact resume: a run killed with SIGKILL and started again ends with the same weights.
+
+Every test runs `mdtrain train` in subprocesses on tiny data (16-pixel images),
+bounded by timeouts. `reference_run` (an uninterrupted run) is shared with
+tests/test_multiworker.py.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import subprocess
+import sys
+import time
+import zipfile
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+from mdtrain.sources import make_synthetic_dataset
+
+pytestmark = pytest.mark.slow
+TIMEOUT_S = 240
+# 33 training images, global batch 10: 4 steps per epoch, the last batch of 3 split [2, 1].
+TRAIN_ARGS = [
+    "--image-size",
+    "16",
+    "--epochs",
+    "2",
+    "--global-batch-size",
+    "10",
+    "--deterministic",
+    "--monitor",
+    "none",
+]
+
+
+def env() -> dict:
+    return {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1"}
+
+
+def mdtrain_cmd(*args) -> list[str]:
+    return [sys.executable, "-m", "mdtrain", *map(str, args)]
+
+
+def shared_dir(tmp_path_factory, name: str) -> Path:
+    """A folder shared by the whole pytest session (both test files)."""
+    return tmp_path_factory.getbasetemp() / name
+
+
+def dataset(tmp_path_factory) -> Path:
+    root = shared_dir(tmp_path_factory, "mw-data")
+    if not (root / "train").is_dir():
+        make_synthetic_dataset(root, classes=3, per_class=11, image_size=32, seed=3)
+    return root
+
+
+def reference_run(tmp_path_factory) -> Path:
+    """model.keras of one uninterrupted single-process run on 2 replicas (cpu:2)."""
+    out = shared_dir(tmp_path_factory, "mw-reference")
+    if not (out / "model.keras").exists():
+        data = dataset(tmp_path_factory)
+        proc = subprocess.run(
+            mdtrain_cmd(
+                "train", "--data", data, *TRAIN_ARGS, "--strategy", "cpu:2", "--output", out
+            ),
+            env=env(),
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT_S,
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    return out / "model.keras"
+
+
+def saved_weights(model_file: Path) -> dict[str, np.ndarray]:
+    """Every array in a .keras file's weights, by path."""
+    with zipfile.ZipFile(model_file) as z:
+        h5 = h5py.File(io.BytesIO(z.read("model.weights.h5")))
+        out = {}
+        h5.visit(
+            lambda n: out.__setitem__(n, h5[n][()]) if isinstance(h5[n], h5py.Dataset) else None
+        )
+        return out
+
+
+def max_relative_difference(a_file: Path, b_file: Path) -> float:
+    a, b = saved_weights(a_file), saved_weights(b_file)
+    assert a.keys() == b.keys() and a
+    return max(
+        float(np.max(np.abs(a[k] - b[k])) / max(float(np.max(np.abs(a[k]))), 1e-12)) for k in a
+    )
+
+
+def wait_for(predicate, proc: subprocess.Popen, timeout_s: float = TIMEOUT_S) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert proc.poll() is None, f"exited early with code {proc.returncode}"
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.1)
+
+
+@pytest.fixture(scope="module")
+def killed_and_resumed(tmp_path_factory):
+    """Kills a run with SIGKILL once its first backup exists, keeps a copy, runs it again."""
+    data, work = dataset(tmp_path_factory), tmp_path_factory.mktemp("resume")
+    backup, out = work / "backup", work / "out"
+    cmd = mdtrain_cmd(
+        "train",
+        "--data",
+        data,
+        *TRAIN_ARGS,
+        "--strategy",
+        "cpu:2",
+        "--backup-dir",
+        backup,
+        "--backup-every-steps",
+        3,
+        "--output",
+        out,
+    )
+    proc = subprocess.Popen(cmd, env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:  # a mid-epoch backup: epoch 1 (0-based 0), after 3 of its 4 steps
+        wait_for(lambda: any(backup.glob("ckpt-00000-000003")), proc)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert not (out / "model.keras").exists()
+    shutil.copytree(backup, work / "backup-copy")
+    resumed = subprocess.run(cmd, env=env(), capture_output=True, text=True, timeout=TIMEOUT_S)
+    return {"resumed": resumed, "out": out, "backup": work / "backup-copy", "data": data}
+
+
+def test_killed_run_resumes_with_the_same_weights(killed_and_resumed, tmp_path_factory):
+    resumed, out = killed_and_resumed["resumed"], killed_and_resumed["out"]
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resuming from" in resumed.stdout and "at epoch 1, step 4" in resumed.stdout
+    assert max_relative_difference(reference_run(tmp_path_factory), out / "model.keras") == 0.0
+    assert not (out.parent / "backup").exists()  # a finished run removes its backups
+
+
+def test_corrupt_backup_is_reported_not_loaded(killed_and_resumed, tmp_path):
+    backup = shutil.copytree(killed_and_resumed["backup"], tmp_path / "backup")
+    newest = sorted(backup.glob("ckpt-*"))[-1]
+    weights = newest / "net.weights.h5"
+    weights.write_bytes(weights.read_bytes()[:1000])  # truncated, as by a full disk
+    proc = subprocess.run(
+        mdtrain_cmd(
+            "train",
+            "--data",
+            killed_and_resumed["data"],
+            *TRAIN_ARGS,
+            "--strategy",
+            "one",
+            "--backup-dir",
+            backup,
+        ),
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+    )
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("mdtrain: error: --backup-dir") and "corrupt or partial" in last
+    assert "net.weights.h5 fails its SHA-256 checksum" in last and "Traceback" not in proc.stderr
+
+
+def test_backup_from_other_settings_is_refused(killed_and_resumed, tmp_path):
+    backup = shutil.copytree(killed_and_resumed["backup"], tmp_path / "backup")
+    args = [a if a != "10" else "12" for a in TRAIN_ARGS]  # another global batch size
+    proc = subprocess.run(
+        mdtrain_cmd(
+            "train",
+            "--data",
+            killed_and_resumed["data"],
+            *args,
+            "--strategy",
+            "one",
+            "--backup-dir",
+            backup,
+        ),
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+    )
+    assert proc.returncode == 2
+    assert "global_batch_size differ" in proc.stderr.strip().splitlines()[-1]
+
+
+def test_interrupted_save_is_never_loaded(tmp_path):
+    from mdtrain.backup import find_resume_point, remove_unfinished
+
+    (tmp_path / "tmp-abc").mkdir()  # a save killed half-way: no manifest, never renamed
+    (tmp_path / "tmp-abc" / "net.weights.h5").write_bytes(b"partial")
+    assert find_resume_point(tmp_path).path is None
+    assert remove_unfinished(tmp_path) == ["tmp-abc"] and not (tmp_path / "tmp-abc").exists()
+    (tmp_path / "ckpt-00001-000000").mkdir()  # renamed into place, then damaged: an error
+    with pytest.raises(Exception, match="MANIFEST.json unreadable"):
+        find_resume_point(tmp_path)
