@@ -7,17 +7,13 @@ tests/test_multiworker.py.
 
 from __future__ import annotations
 
-import io
 import os
 import shutil
 import subprocess
 import sys
 import time
-import zipfile
 from pathlib import Path
 
-import h5py
-import numpy as np
 import pytest
 
 from mdtrain.sources import make_synthetic_dataset
@@ -76,23 +72,10 @@ def reference_run(tmp_path_factory) -> Path:
     return out / "model.keras"
 
 
-def saved_weights(model_file: Path) -> dict[str, np.ndarray]:
-    """Every array in a .keras file's weights, by path."""
-    with zipfile.ZipFile(model_file) as z:
-        h5 = h5py.File(io.BytesIO(z.read("model.weights.h5")))
-        out = {}
-        h5.visit(
-            lambda n: out.__setitem__(n, h5[n][()]) if isinstance(h5[n], h5py.Dataset) else None
-        )
-        return out
-
-
 def max_relative_difference(a_file: Path, b_file: Path) -> float:
-    a, b = saved_weights(a_file), saved_weights(b_file)
-    assert a.keys() == b.keys() and a
-    return max(
-        float(np.max(np.abs(a[k] - b[k])) / max(float(np.max(np.abs(a[k]))), 1e-12)) for k in a
-    )
+    from mdtrain.train import max_weight_difference
+
+    return max_weight_difference(a_file, b_file)
 
 
 def wait_for(predicate, proc: subprocess.Popen, timeout_s: float = TIMEOUT_S) -> None:
