@@ -165,7 +165,7 @@ def _run_train(args) -> int:
     config = TrainConfig(**options)
     config.validate()
     result = train(config)
-    if args.json:
+    if args.json and result.is_chief:  # one summary per job, not one per worker
         _print_json(result.summary())
     return 0
 

@@ -92,9 +92,11 @@ def draw_shape_image(
             draw.ellipse([min(x0, x1), min(y0, y1), max(x0, x1), max(y0, y1)], outline=col, width=2)
     r = min(w, h) * rng.uniform(0.22, 0.40)
     cx, cy = rng.uniform(0.25, 0.75) * w, rng.uniform(0.25, 0.75) * h
-    # a colour that stands out from the background behind the shape
-    behind = (top + bottom) / 2
-    colour = tuple(int(v) for v in np.clip(255 - behind + rng.normal(0, 40, 3), 0, 255))
+    # Any hue, but clearly darker or lighter than the background behind it:
+    # shape, not contrast, is what the classes differ in.
+    light_background = ((top + bottom) / 2).mean() > 127
+    colour = tuple(int(v) for v in (rng.integers(0, 90, 3) if light_background
+                                    else rng.integers(165, 256, 3)))  # fmt: skip
     if shape == "circle":
         draw.ellipse([cx - r, cy - r, cx + r, cy + r], fill=colour)
     else:
