@@ -320,7 +320,12 @@ def train(config: TrainConfig, callbacks: list | None = None) -> TrainResult:
                     config,
                     f"fine-tuning: {n} top layers of the base unfrozen, learning rate {lr:g}",
                 )
-            trainer.compile(optimizer=keras.optimizers.Adam(lr))
+            # Cosine decay to a tenth over the phase: large steps early, and a
+            # settled model (and BatchNorm statistics) by the last epoch.
+            schedule = keras.optimizers.schedules.CosineDecay(
+                lr, decay_steps=(last - first) * inputs.steps_per_epoch, alpha=0.1
+            )
+            trainer.compile(optimizer=keras.optimizers.Adam(schedule))
             if point.path is not None and first <= start_epoch:  # the phase the backup is in
                 restore(trainer, point, with_optimizer=point.phase == phase)
         first = max(first, start_epoch)
@@ -356,7 +361,10 @@ def train(config: TrainConfig, callbacks: list | None = None) -> TrainResult:
                 verbose=config.verbose,
             )
             if loop == "fit":
-                hist = trainer.fit(train_ds, validation_data=inputs.val_ds, **run_kwargs)
+                # shuffle=False: the dataset is shuffled already, per epoch, by seed
+                hist = trainer.fit(
+                    train_ds, validation_data=inputs.val_ds, shuffle=False, **run_kwargs
+                )
             else:
                 hist = custom_fit(
                     trainer,
