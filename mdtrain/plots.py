@@ -469,6 +469,7 @@ def replica_class_counts_plot(
             bottom += counts[:, r, c]
         ax.set_title(f"replica {r}", fontsize=10)
         ax.set_xlabel("step")
+        ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
         for side in ("top", "right"):
             ax.spines[side].set_visible(False)
     axes[0].set_ylabel("examples")
