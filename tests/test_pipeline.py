@@ -1,0 +1,112 @@
+"""InputData: global batches, epoch-determined order, resume, cache, skipped files, uint8."""
+
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from PIL import Image
+
+from mdtrain.data import load_splits
+from mdtrain.images import decode_image
+from mdtrain.pipeline import InputData, decoded_images, load_image
+from mdtrain.sources import make_synthetic_dataset
+
+SIZE, BATCH = 32, 16
+
+
+@pytest.fixture(scope="module")
+def splits(tmp_path_factory):
+    root = make_synthetic_dataset(tmp_path_factory.mktemp("pipe") / "d", per_class=10, image_size=64)
+    return load_splits(root)  # 5 classes: 50 train, 10 val
+
+
+def _batches(ds):
+    return [(x.numpy(), y.numpy()) for x, y in ds]
+
+
+def _inputs(splits, **kw):
+    kw.setdefault("deterministic", True)
+    return InputData(splits, SIZE, BATCH, seed=3, **kw)
+
+
+def test_global_batches_keep_the_partial_last_batch_as_uint8(splits):
+    data = _inputs(splits, cache=False)
+    batches = _batches(data.train_epochs(0, 1))
+    assert [len(y) for _, y in batches] == [16, 16, 16, 2]
+    assert data.steps_per_epoch == 4 and data.num_train == 50 and data.num_val == 10
+    images, labels = batches[0]
+    assert images.dtype == np.uint8 and images.shape == (16, SIZE, SIZE, 3)
+    assert labels.dtype == np.int32
+    assert sorted(np.concatenate([y for _, y in batches])) == sorted(splits.train.labels)
+    assert [len(y) for _, y in _batches(data.val_ds)] == [10]
+
+
+def test_order_depends_only_on_seed_and_epoch(splits):
+    a = _batches(_inputs(splits, cache=False).epoch_batches(1))
+    b = _batches(_inputs(splits, cache=False).epoch_batches(1))
+    for (xa, ya), (xb, yb) in zip(a, b, strict=True):
+        np.testing.assert_array_equal(ya, yb)
+        np.testing.assert_array_equal(xa, xb)
+    c = _batches(_inputs(splits, cache=False).epoch_batches(2))
+    assert not np.array_equal(np.concatenate([y for _, y in a]), np.concatenate([y for _, y in c]))
+
+
+@pytest.mark.parametrize("cache", [False, True])
+def test_resumed_epochs_equal_the_tail_of_an_uninterrupted_run(splits, cache):
+    full = _batches(_inputs(splits, cache=cache).train_epochs(0, 3))
+    resumed = _batches(_inputs(splits, cache=cache).train_epochs(2, 3))
+    assert len(full) == 12 and len(resumed) == 4
+    for (xa, ya), (xb, yb) in zip(full[8:], resumed, strict=True):
+        np.testing.assert_array_equal(ya, yb)
+        np.testing.assert_array_equal(xa, xb)
+
+
+def test_cached_and_uncached_pipelines_give_the_same_batches(splits):
+    cached = _inputs(splits, cache=True)
+    first = _batches(cached.epoch_batches(1))
+    again = _batches(cached.epoch_batches(1))  # served from the cache
+    uncached = _batches(_inputs(splits, cache=False).epoch_batches(1))
+    for (xa, ya), (xb, yb), (xc, yc) in zip(first, again, uncached, strict=True):
+        np.testing.assert_array_equal(ya, yc)
+        np.testing.assert_array_equal(xa, xc)
+        np.testing.assert_array_equal(xa, xb)
+
+
+def test_non_deterministic_order_keeps_every_image(splits):
+    data = InputData(splits, SIZE, BATCH, augment=None, cache=False, deterministic=False)
+    labels = np.concatenate([y for _, y in _batches(data.train_epochs(0, 1))])
+    assert sorted(labels) == sorted(splits.train.labels)
+
+
+def test_unreadable_files_are_skipped_upstream(tmp_path, splits):
+    root = tmp_path / "messy"
+    shutil.copytree(splits.train.files[0].rsplit("/", 2)[0], root)
+    (root / "circle" / "broken.jpg").write_bytes(b"\xff\xd8\xff not really")
+    (root / "circle" / "empty.png").write_bytes(b"")
+    messy = load_splits(root)
+    assert len(messy.skipped) == 2
+    data = InputData(messy, SIZE, BATCH, cache=False)
+    assert data.num_train == 50 and len(data.skipped) == 2
+    assert sum(len(y) for _, y in _batches(data.train_epochs(0, 1))) == 50
+
+
+def test_large_jpeg_is_decoded_at_reduced_scale(tmp_path):
+    y, x = np.mgrid[0:400, 0:360]
+    smooth = np.stack([x * 255 / 360, y * 255 / 400, (x + y) * 255 / 760], -1).astype(np.uint8)
+    Image.fromarray(smooth).save(tmp_path / "big.jpg", quality=95)
+    Image.fromarray(smooth).save(tmp_path / "big.png")
+    for name in ("big.jpg", "big.png"):
+        path = str(tmp_path / name)
+        fast = load_image(tf.constant(path), 64).numpy().astype(float)
+        full = tf.image.resize(decode_image(tf.io.read_file(path)), [64, 64]).numpy()
+        assert fast.shape == (64, 64, 3)
+        assert np.abs(fast - full).mean() < 2.0, name
+
+
+def test_decoded_images_in_file_order(splits):
+    ds = decoded_images(splits.val, SIZE)
+    labels = [int(y) for _, y in ds]
+    assert labels == list(splits.val.labels)
