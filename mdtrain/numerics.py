@@ -324,4 +324,6 @@ def side_by_side_strategies(
             continue
         tf.distribute.MirroredStrategy._collective_key_base += 100_000
         strategies[n] = tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(n)])
+    # Strategies made later (make_strategy, train) get a fresh key range too.
+    tf.distribute.MirroredStrategy._collective_key_base += 100_000
     return strategies
