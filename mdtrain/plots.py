@@ -68,7 +68,7 @@ def _show(ax, image, title: str | None = None, color: str | None = None) -> None
             spine.set_linewidth(3)
 
 
-def _grid(n: int, ncols: int, cell: float = 1.6, title: str | None = None):
+def _grid(n: int, ncols: int, cell: float = 1.3, title: str | None = None):
     ncols = max(1, min(ncols, n))
     nrows = max(1, -(-n // ncols))
     fig = _figure((cell * ncols, cell * nrows + (0.4 if title else 0)))
@@ -195,11 +195,11 @@ def side_by_side_augmentations(
     """
     ours, idg = list(ours), list(idg)
     rows = max(1, -(-max(len(ours), len(idg)) // 4))
-    fig = _figure((9.0, 1.1 * rows + 1.5))
+    fig = _figure((7.2, 0.9 * rows + 1.2))
     outer = fig.add_gridspec(
         2,
         2,
-        height_ratios=[1.1, 1.1 * rows],
+        height_ratios=[0.9, 0.9 * rows],
         wspace=0.06,
         hspace=0.18,
         left=0.01,
