@@ -284,6 +284,55 @@ STAGES = {
 }
 
 
+#: tf.data built one optimisation at a time, for `stage_benchmark` (notebook 02).
+STEP_BY_STEP = {
+    "1 sequential map": dict(parallel=False, prefetch=False, augment="none"),
+    "2 parallel map": dict(prefetch=False, augment="none"),
+    "3 + cache (2nd epoch)": dict(prefetch=False, cache=True, augment="none"),
+    "4 + prefetch": dict(cache=True, augment="none"),
+    "5 + Keras layers augmentation": dict(cache=True, augment="keras-layers"),
+    "6 + fused affine (TF op)": dict(cache=True, augment="fused-op"),
+    "7 + fused affine (XLA)": dict(cache=True, augment="fused-xla"),
+}
+
+
+def stage_benchmark(
+    images, image_size: int, batch_size: int, stages: dict | None = None, repeats: int = 1
+) -> dict[str, float]:
+    """Images per second of `tfdata_stage` configurations, timed one at a time.
+
+    Args:
+        images: an `ImageList`.
+        image_size: output side in pixels.
+        batch_size: images per batch.
+        stages: `{name: tfdata_stage keyword arguments}`. Defaults to `STEP_BY_STEP`.
+        repeats: timed epochs per stage (median kept). Defaults to 1.
+
+    Returns:
+        `{name: images per second}` in the order given; cached stages are
+        timed on their second epoch.
+    """
+    _check_positive(image_size=image_size, batch_size=batch_size, repeats=repeats)
+    steps = -(-len(images) // batch_size)
+    variants = {}
+    for name, kw in (stages or STEP_BY_STEP).items():
+        ds = tfdata_stage(images, image_size, batch_size, **kw).repeat()
+        warmup = steps if kw.get("cache") else 2
+        variants[name] = _Variant(lambda ds=ds: iter(ds), steps, warmup)
+    return {name: round(m["median"], 1) for name, m in measure(variants, repeats).items()}
+
+
+def distributed_rate(strategy, ds, batches: int) -> float:
+    """Images per second pulled through `strategy.experimental_distribute_dataset(ds)`."""
+    iterator = iter(strategy.experimental_distribute_dataset(ds))
+    next(iterator)  # start-up excluded
+    start, n = time.perf_counter(), 0
+    for _ in range(batches):
+        labels = next(iterator)[1]
+        n += sum(int(t.shape[0]) for t in strategy.experimental_local_results(labels))
+    return n / (time.perf_counter() - start)
+
+
 def pipeline_benchmark(
     data=None,
     image_size: int = 224,

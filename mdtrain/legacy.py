@@ -149,6 +149,7 @@ def preprocess_up_front(iterator) -> Preprocessed:
     Returns:
         A `Preprocessed` with float32 `images` (N, H, W, C) and int32 `labels`.
     """
+    iterator.reset()  # start at an epoch boundary, wherever the iterator stood
     images, labels = [], []
     for _ in range(len(iterator)):
         x, y = next(iterator)

@@ -53,9 +53,7 @@ def _decode_reduced(contents: tf.Tensor, image_size: int) -> tf.Tensor:
     smallest = tf.minimum(shape[0], shape[1])
     # Index of the largest ratio in (1, 2, 4, 8) that keeps the short side >= image_size.
     index = tf.reduce_sum(tf.cast(smallest >= image_size * tf.constant([2, 4, 8]), tf.int32))
-    branches = [
-        lambda r=r: tf.io.decode_jpeg(contents, channels=3, ratio=r) for r in (1, 2, 4, 8)
-    ]
+    branches = [lambda r=r: tf.io.decode_jpeg(contents, channels=3, ratio=r) for r in (1, 2, 4, 8)]
     return tf.switch_case(index, branches)
 
 

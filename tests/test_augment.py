@@ -39,7 +39,9 @@ def test_fused_transform_equals_idg_apply_transform(kernel):
     images = _smooth_images(6, 40)
     params = sample_transforms(6, POLICY, tf.constant([3, 4]))
     params["flip"] = tf.constant([0.0, 1.0, 0.0, 1.0, 0.0, 1.0])
-    ours = apply_transforms(tf.constant(images), transform_matrices(params, 40, 40), "nearest", kernel)
+    ours = apply_transforms(
+        tf.constant(images), transform_matrices(params, 40, 40), "nearest", kernel
+    )
     idg = _idg()
     for i in range(6):
         expected = idg.apply_transform(
