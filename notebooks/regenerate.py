@@ -61,10 +61,11 @@ def scrub_text(text: str, patterns=None) -> str:
     return text
 
 
-# TensorFlow's C++ start-up chatter (absl/glog lines on stderr): noise in a lesson.
+# TensorFlow's start-up and per-trace chatter (C++ logs, INFO logs): noise in a lesson.
 _TF_LOG_LINE = re.compile(
     r"^([IWE]\d{4} [\d:.]+ +\d+ \S+:\d+\]|WARNING: All log messages before absl|"
-    r"To enable the following instructions:).*\n?",
+    r"To enable the following instructions:|INFO:tensorflow:|"
+    r"WARNING:tensorflow:\d+ out of the last \d+ calls to .* triggered tf.function retracing).*\n?",
     re.M,
 )
 
@@ -90,7 +91,7 @@ def scrub_notebook(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
             continue
         outputs = []
         for output in cell.get("outputs", []):
-            if output.get("name") == "stderr":
+            if output.get("output_type") == "stream":
                 output["text"] = _TF_LOG_LINE.sub("", output["text"])
                 if not output["text"].strip():
                     continue
