@@ -106,6 +106,15 @@ class ExactTrainer(keras.Model):
         self.accuracy_metric.update_state(labels, probabilities)
         return {m.name: m.result() for m in self.metrics}
 
+    def _maybe_symbolic_build(self, iterator=None, data_batch=None):
+        # Keras 3's fit/evaluate build the model from a sample of the first batch,
+        # reduced across replicas with AddN, which fails when that batch splits
+        # unevenly (keras-team/keras#19246) and under MultiWorkerMirroredStrategy
+        # (keras-team/keras#20585). The wrapped net is built already; build only
+        # what is left (the optimizer's slots), with no data.
+        with self.distribute_strategy.scope():
+            self._symbolic_build()
+
     def test_step(self, data):
         images, labels = data
         probabilities = self.net(images, training=False)
@@ -177,6 +186,11 @@ def custom_fit(
         epochs=epochs,
         steps=steps_per_epoch,
     )
+    if not trainer.optimizer.built:
+        # Slot variables created inside the first compiled step, in a replica
+        # context, make later traces fail ("must feed a value for placeholder").
+        with strategy.scope():
+            trainer.optimizer.build(trainer.net.trainable_variables)
     trainer.stop_training = False
     iterator = iter(train_dist)
     cbs.on_train_begin()

@@ -279,7 +279,6 @@ def train(config: TrainConfig, callbacks: list | None = None) -> TrainResult:
             )
             trainer = ExactTrainer(net, class_weights)
             trainer.build((None, image_size, image_size, 3))
-            _skip_sample_batch_reduce(trainer, strategy)
     finally:
         keras.mixed_precision.set_dtype_policy(policy)
 
@@ -461,22 +460,6 @@ def max_weight_difference(model_a: str | os.PathLike, model_b: str | os.PathLike
     return max(
         float(np.max(np.abs(a[k] - b[k])) / max(float(np.max(np.abs(a[k]))), 1e-12)) for k in a
     )
-
-
-def _skip_sample_batch_reduce(trainer, strategy) -> None:
-    """Keeps Keras 3's fit/evaluate from all-reducing a sample batch before they start.
-
-    Keras does it (`_maybe_symbolic_build`) to build an unbuilt model, and it fails
-    when that batch splits unevenly over the replicas (a resumed epoch's last batch,
-    a validation set smaller than a batch) and under MultiWorkerMirroredStrategy
-    (keras-team/keras#20585). The trainer is built already: only the optimizer is left.
-    """
-
-    def build(iterator=None, data_batch=None):
-        with strategy.scope():
-            trainer._symbolic_build()
-
-    trainer._maybe_symbolic_build = build
 
 
 def _task_id(strategy) -> int:

@@ -109,11 +109,6 @@ def test_class_weights_under_a_strategy(measured):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="Keras fit's _maybe_symbolic_build reduces the first batch with MEAN (AddN), "
-    "which fails when the first global batch splits unevenly: use --loop custom",
-)
 def test_fit_on_dataset_smaller_than_one_global_batch(measured):
     difference, error = _run(measured, "small 4 exact fit")
     assert error is None, error
