@@ -67,9 +67,9 @@ def _add_train(sub) -> None:
     b = t.add_mutually_exclusive_group()
     b.add_argument("--batch-size-per-replica", type=int)
     b.add_argument("--global-batch-size", type=int)
-    t.add_argument("--epochs", type=int, default=15)
+    t.add_argument("--epochs", type=int, default=20)
     t.add_argument("--fine-tune-epochs", type=int, default=0)
-    t.add_argument("--learning-rate", type=float, default=1e-3)
+    t.add_argument("--learning-rate", type=float, default=2e-3)
     t.add_argument(
         "--strategy", default="auto", help="auto, mirrored, multiworker, tpu, one, cpu:N"
     )

@@ -39,9 +39,9 @@ class TrainConfig:
     image_size: int | None = None
     batch_size_per_replica: int | None = None
     global_batch_size: int | None = None
-    epochs: int = 15
+    epochs: int = 20
     fine_tune_epochs: int = 0
-    learning_rate: float = 1e-3
+    learning_rate: float = 2e-3
     strategy: str = "auto"
     loop: str = "fit"
     mixed_precision: bool = False
