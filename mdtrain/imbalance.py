@@ -288,6 +288,7 @@ def fit_and_score(
     with strategy.scope():
         net = build_model(model, num_classes, image_size)
         trainer = ExactTrainer(net, class_weights=class_weights)
+        trainer.build((None, image_size, image_size, 3))
         trainer.compile(optimizer=keras.optimizers.Adam(learning_rate))
     # No validation inside fit: recall is measured once at the end, which saves
     # tracing a distributed test step for every variant.
