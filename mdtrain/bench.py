@@ -214,13 +214,16 @@ class _Variant:
     background while another one is timed.
     """
 
-    def __init__(self, start: Callable[[], Iterator], batches: int, warmup: int = 3):
+    def __init__(
+        self, start: Callable[[], Iterator], batches: int, warmup: int = 3, first_warmup=None
+    ):
         self.start, self.batches, self.warmup = start, batches, warmup
+        self.first_warmup = warmup if first_warmup is None else first_warmup
         self.rates: list[float] = []
 
     def time_one(self) -> None:
         iterator = self.start()
-        _take(iterator, self.warmup)
+        _take(iterator, self.warmup if self.rates else self.first_warmup)
         begin = time.perf_counter()
         n = _take(iterator, self.batches)
         self.rates.append(n / (time.perf_counter() - begin))
@@ -259,7 +262,11 @@ def _pipeline_variants(data_dir: Path, image_size: int, batch_size: int, stages:
     def input_data(cache: bool, **kw) -> _Variant:
         data = InputData(splits, image_size, batch_size, cache=cache, **kw)
         # Cached: the first epoch (which fills the cache) is the warm-up; timed is the second.
-        return _Variant(lambda: iter(data.train_epochs(0, 2)), steps, steps if cache else 3)
+        # Uncached: a whole epoch the first time (XLA compiles the full and the last,
+        # partial batch shape once per process), a few batches after that.
+        if cache:
+            return _Variant(lambda: iter(data.train_epochs(0, 2)), steps, steps)
+        return _Variant(lambda: iter(data.train_epochs(0, 3)), steps, 3, first_warmup=steps + 3)
 
     idg = legacy.flow_from_directory(train_dir, image_size, batch_size, AugmentPolicy())
     raw = tf.data.Dataset.from_tensor_slices(files).repeat()
