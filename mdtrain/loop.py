@@ -110,8 +110,10 @@ class ExactTrainer(keras.Model):
         # Keras 3's fit/evaluate build the model from a sample of the first batch,
         # reduced across replicas with AddN, which fails when that batch splits
         # unevenly (keras-team/keras#19246) and under MultiWorkerMirroredStrategy
-        # (keras-team/keras#20585). The wrapped net is built already; build only
-        # what is left (the optimizer's slots), with no data.
+        # (keras-team/keras#20585). Once built, only the optimizer's slots are
+        # left to create, and that needs no data.
+        if not self.built:
+            return super()._maybe_symbolic_build(iterator, data_batch)
         with self.distribute_strategy.scope():
             self._symbolic_build()
 

@@ -115,7 +115,7 @@ def efficientnetv2(
             f"({type(e).__name__}); without network, attach the …_notop.h5 file and pass "
             "--weights PATH, or use --weights none"
         ) from None
-    base._name = BASE_NAME
+    base.name = BASE_NAME
     base.trainable = False
     inputs = keras.Input((image_size, image_size, 3), name="image")
     # training=False keeps BatchNormalization in inference mode even after the
