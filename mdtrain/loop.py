@@ -112,9 +112,11 @@ class ExactTrainer(keras.Model):
         # unevenly (keras-team/keras#19246) and under MultiWorkerMirroredStrategy
         # (keras-team/keras#20585). Once built, only the optimizer's slots are
         # left to create, and that needs no data.
-        if not self.built:
-            return super()._maybe_symbolic_build(iterator, data_batch)
         with self.distribute_strategy.scope():
+            if not self.built and getattr(self.net, "inputs", None):
+                self.build(self.net.inputs[0].shape)  # a functional net knows its input
+            if not self.built:
+                return super()._maybe_symbolic_build(iterator, data_batch)
             self._symbolic_build()
 
     def test_step(self, data):
