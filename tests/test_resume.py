@@ -125,27 +125,18 @@ def test_killed_run_resumes_with_the_same_weights(killed_and_resumed, tmp_path_f
     assert not (out.parent / "backup").exists()  # a finished run removes its backups
 
 
+def _train_one_device(data, args, backup) -> subprocess.CompletedProcess:
+    """`mdtrain train` on one device, resuming from (or refusing) `backup`."""
+    cmd = mdtrain_cmd("train", "--data", data, *args, "--strategy", "one", "--backup-dir", backup)
+    return subprocess.run(cmd, env=env(), capture_output=True, text=True, timeout=TIMEOUT_S)
+
+
 def test_corrupt_backup_is_reported_not_loaded(killed_and_resumed, tmp_path):
     backup = shutil.copytree(killed_and_resumed["backup"], tmp_path / "backup")
     newest = sorted(backup.glob("ckpt-*"))[-1]
     weights = newest / "net.weights.h5"
     weights.write_bytes(weights.read_bytes()[:1000])  # truncated, as by a full disk
-    proc = subprocess.run(
-        mdtrain_cmd(
-            "train",
-            "--data",
-            killed_and_resumed["data"],
-            *TRAIN_ARGS,
-            "--strategy",
-            "one",
-            "--backup-dir",
-            backup,
-        ),
-        env=env(),
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT_S,
-    )
+    proc = _train_one_device(killed_and_resumed["data"], TRAIN_ARGS, backup)
     assert proc.returncode == 2, proc.stderr[-3000:]
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("mdtrain: error: --backup-dir") and "corrupt or partial" in last
@@ -155,22 +146,7 @@ def test_corrupt_backup_is_reported_not_loaded(killed_and_resumed, tmp_path):
 def test_backup_from_other_settings_is_refused(killed_and_resumed, tmp_path):
     backup = shutil.copytree(killed_and_resumed["backup"], tmp_path / "backup")
     args = [a if a != "10" else "12" for a in TRAIN_ARGS]  # another global batch size
-    proc = subprocess.run(
-        mdtrain_cmd(
-            "train",
-            "--data",
-            killed_and_resumed["data"],
-            *args,
-            "--strategy",
-            "one",
-            "--backup-dir",
-            backup,
-        ),
-        env=env(),
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT_S,
-    )
+    proc = _train_one_device(killed_and_resumed["data"], args, backup)
     assert proc.returncode == 2
     assert "global_batch_size differ" in proc.stderr.strip().splitlines()[-1]
 
