@@ -15,6 +15,7 @@ import sys
 from collections.abc import Sequence
 
 from mdtrain.errors import UsageError
+from mdtrain.tf_import import import_tensorflow
 
 USAGE_EXIT = 2
 
@@ -81,8 +82,11 @@ def _add_train(sub) -> None:
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--deterministic", action="store_true", help="bit-reproducible (slower)")
     t.add_argument("--backup-dir", help="resume from / back up to this folder every epoch")
-    t.add_argument("--backup-every-steps", type=_positive_int,
-                   help="also back up every N steps within an epoch (needs --backup-dir)")
+    t.add_argument(
+        "--backup-every-steps",
+        type=_positive_int,
+        help="also back up every N steps within an epoch (needs --backup-dir)",
+    )
     t.add_argument("--output", help="folder for model.keras, history.json, report.json")
     t.add_argument("--monitor", default="auto", help="auto, widget, text or none")
     t.add_argument("--json", action="store_true", help="end with one JSON summary line")
@@ -164,6 +168,7 @@ def _run_train(args) -> int:
     options = {k: v for k, v in vars(args).items() if k not in ("command", "json")}
     config = TrainConfig(**options)
     config.validate()
+    import_tensorflow()
     result = train(config)
     if args.json and result.is_chief:  # one summary per job, not one per worker
         _print_json(result.summary())
@@ -173,6 +178,7 @@ def _run_train(args) -> int:
 def _run_bench(args) -> int:
     from mdtrain import bench
 
+    import_tensorflow()
     options = {k: v for k, v in vars(args).items() if k not in ("command", "bench_command", "json")}
     run = bench.pipeline_benchmark if args.bench_command == "pipeline" else bench.train_benchmark
     result = run(**options)

@@ -36,7 +36,7 @@ def global_example_count(local_batch_size) -> tf.Tensor:
     return ctx.all_reduce(tf.distribute.ReduceOp.SUM, local)
 
 
-def replica_loss(per_example_loss: tf.Tensor) -> tf.Tensor:
+def replica_loss(per_example_loss: tf.Tensor, local_count=None) -> tf.Tensor:
     """This replica's share of the global mean loss (see module doc).
 
     Summing `replica_loss` over replicas gives the mean of `per_example_loss`
@@ -44,12 +44,40 @@ def replica_loss(per_example_loss: tf.Tensor) -> tf.Tensor:
 
     Args:
         per_example_loss: shape (local_batch,), this replica's examples.
+        local_count: examples this replica really holds, when
+            `per_example_loss` also holds zero-weighted padding. Defaults to
+            None (the length of `per_example_loss`).
 
     Returns:
         A scalar: local sum / global example count.
     """
-    count = global_example_count(tf.shape(per_example_loss)[0])
+    if local_count is None:
+        local_count = tf.shape(per_example_loss)[0]
+    count = global_example_count(local_count)
     return tf.reduce_sum(per_example_loss) / tf.maximum(count, 1.0)
+
+
+def pad_empty_slice(images: tf.Tensor, labels: tf.Tensor):
+    """Gives a replica whose slice is empty one all-zero example of weight 0.
+
+    A partial last batch can leave some replicas nothing (5 examples on 4
+    replicas split 2+2+1+0). They must still run the step and join its
+    all-reduces, but TensorFlow's oneDNN CPU convolutions return a wrongly
+    shaped tensor for an empty batch (tensorflow/tensorflow#112639), and batch
+    statistics of no examples are NaN. A dummy example whose loss and metric
+    weights are 0 adds exactly nothing to the loss, the gradients or the metrics.
+
+    Returns:
+        `(images, labels, weights, count)`: the possibly padded slice, a 0/1
+        weight per example and the number of real examples.
+    """
+    count = tf.shape(labels)[0]
+    pad = tf.cast(tf.equal(count, 0), tf.int32)
+    zeros = tf.zeros(tf.concat([[pad], tf.shape(images)[1:]], 0), images.dtype)
+    images = tf.concat([images, zeros], 0)
+    labels = tf.concat([labels, tf.zeros([pad], labels.dtype)], 0)
+    weights = tf.concat([tf.ones([count]), tf.zeros([pad])], 0)
+    return images, labels, weights, count
 
 
 class ExactTrainer(keras.Model):
@@ -90,21 +118,24 @@ class ExactTrainer(keras.Model):
             losses = losses * tf.gather(self.class_weights, tf.cast(labels, tf.int32))
         return losses
 
+    def _update_metrics(self, labels, probabilities, losses, weights) -> dict:
+        self.loss_tracker.update_state(losses, sample_weight=weights)
+        self.accuracy_metric.update_state(labels, probabilities, sample_weight=weights)
+        return {m.name: m.result() for m in self.metrics}
+
     def train_step(self, data):
-        images, labels = data
+        images, labels, weights, count = pad_empty_slice(*data)
         with tf.GradientTape() as tape:
             probabilities = self.net(images, training=True)
             losses = self._example_losses(labels, probabilities, weighted=True)
-            loss = replica_loss(losses)
+            loss = replica_loss(losses * weights, count)
             # Identity unless mixed float16 wrapped the optimizer in a
             # LossScaleOptimizer, which then unscales in apply().
             scaled = self.optimizer.scale_loss(loss)
         variables = self.net.trainable_variables
         gradients = tape.gradient(scaled, variables)
         self.optimizer.apply(gradients, variables)  # all-reduces (sums) across replicas
-        self.loss_tracker.update_state(losses)
-        self.accuracy_metric.update_state(labels, probabilities)
-        return {m.name: m.result() for m in self.metrics}
+        return self._update_metrics(labels, probabilities, losses, weights)
 
     def _maybe_symbolic_build(self, iterator=None, data_batch=None):
         # Keras 3's fit/evaluate build the model from a sample of the first batch,
@@ -120,11 +151,10 @@ class ExactTrainer(keras.Model):
             self._symbolic_build()
 
     def test_step(self, data):
-        images, labels = data
+        images, labels, weights, _ = pad_empty_slice(*data)
         probabilities = self.net(images, training=False)
-        self.loss_tracker.update_state(self._example_losses(labels, probabilities, weighted=False))
-        self.accuracy_metric.update_state(labels, probabilities)
-        return {m.name: m.result() for m in self.metrics}
+        losses = self._example_losses(labels, probabilities, weighted=False)
+        return self._update_metrics(labels, probabilities, losses, weights)
 
 
 def _results(trainer: keras.Model, prefix: str = "") -> dict[str, float]:
@@ -170,13 +200,18 @@ def custom_fit(
     train_dist = strategy.experimental_distribute_dataset(train_ds)
     val_dist = strategy.experimental_distribute_dataset(val_ds) if val_ds is not None else None
 
-    @tf.function
+    # Traced once for the dataset's element spec (batch dimension unknown), as
+    # `fit` traces its step: a trace per concrete batch shape would also let
+    # TensorFlow fold the batch size into constants and round differently.
+    @tf.function(input_signature=[train_dist.element_spec])
     def train_step(batch):
         strategy.run(trainer.train_step, args=(batch,))
 
-    @tf.function
     def test_step(batch):
         strategy.run(trainer.test_step, args=(batch,))
+
+    if val_dist is not None:
+        test_step = tf.function(test_step, input_signature=[val_dist.element_spec])
 
     global_batch = -(-num_examples // steps_per_epoch)
     batch_sizes = [global_batch] * (steps_per_epoch - 1)

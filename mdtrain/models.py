@@ -36,10 +36,10 @@ def small_cnn(image_size: int, num_classes: int, dropout: float = 0.2) -> keras.
     Its BatchNormalization layers normalise each replica's slice with that
     slice's statistics, as Keras does by default on several GPUs: the one place
     where N replicas do not compute exactly what one device would (the
-    equivalence tests use a model without it). `synchronized=True` would share
-    the statistics, but its per-layer all-reduces can be issued in a different
-    order on different replicas inside a custom `strategy.run` loop, which
-    aborts the collectives (seen with TF 2.21 on virtual CPUs).
+    N-versus-1 equivalence tests use a model without it). For the same number
+    of replicas, `fit`, the custom loop and a multi-worker run still compute
+    the same weights bit for bit. `synchronized=True` would share the
+    statistics, at the price of one all-reduce per layer and step.
 
     Args:
         image_size: side of the square input.

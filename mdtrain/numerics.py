@@ -147,7 +147,7 @@ def train_weights(
         global_batch_size: the configured global batch, which
             `"naive_global_batch"` divides by. Defaults to the first batch's size.
         model: `"tiny"` (two convolutions, no normalisation: fast to trace) or
-            an `mdtrain.models` name such as `"small-cnn"` (with synchronized
+            an `mdtrain.models` name such as `"small-cnn"` (with per-replica
             batch normalization; built with dropout 0). Defaults to `"tiny"`.
         num_classes: classes of the model's output. Defaults to 3.
         learning_rate: SGD step size. Defaults to 0.1.

@@ -1,7 +1,7 @@
 """Multi-worker training on loopback: `mdtrain launch`, numerics, a worker crash and restart.
 
-Two workers × 1 replica must end with the weights of one process × 2
-replicas (`--strategy cpu:2`) for the same global batches. All runs are
+Two workers × 1 replica must end with exactly the weights of one process × 2
+replicas (`--strategy cpu:2`, Keras `fit`) for the same global batches. All runs are
 subprocesses on tiny data, bounded by timeouts.
 """
 
@@ -74,18 +74,13 @@ def test_two_workers_on_loopback_only_the_chief_writes(two_workers):
     assert "Epoch 2/2" in chief and "Epoch" not in other  # only the chief reports progress
 
 
-@pytest.mark.skip(
-    reason="open bug: since small-cnn's BatchNormalization became per-replica (synchronized BN "
-    "aborted collectives in strategy.run on virtual CPUs), 2 workers x 1 replica differ from "
-    "1 process x 2 replicas by ~1.1e-4 (was bit-identical with synchronized BN)"
-)
 def test_two_workers_match_one_process_with_two_replicas(two_workers, tmp_path_factory):
     proc, work, _ = two_workers
     assert proc.returncode == 0, proc.stdout[-3000:]
     difference = max_relative_difference(
         reference_run(tmp_path_factory), work / "out" / "model.keras"
     )
-    assert difference < 1e-4
+    assert difference == 0.0  # bit for bit, per-replica BatchNormalization included
 
 
 def _worker_pid(launcher: subprocess.Popen, index: int) -> int | None:

@@ -58,6 +58,14 @@ _SCRIPT = textwrap.dedent(
     ], epochs=2, global_batch_size=16)
     runs("weighted", nm.fixed_dataset(31, 16), [(2, "exact", "custom")],
          epochs=1, class_weights=[0.5, 1.0, 3.0])
+    # small-cnn has per-replica BatchNormalization: fit and the custom loop must
+    # still run the very same computation, bit for bit.
+    partial = nm.fixed_dataset(31, 16)
+    fit, custom = (
+        nm.train_weights(strategies[2], partial, epochs=1, model="small-cnn", loop=loop)
+        for loop in ("fit", "custom")
+    )
+    out["fit_vs_custom"] = nm.max_relative_difference(fit, custom)
     print("RESULT " + json.dumps(out))
     """
 )
@@ -129,6 +137,11 @@ def test_naive_loss_scaling_is_wrong(measured, key):
     """The baselines differ from 1 replica (or fail): the exact tests above are meaningful."""
     difference, error = _run(measured, key)
     assert error is not None or difference > WRONG
+
+
+@pytest.mark.slow
+def test_fit_and_custom_loop_give_identical_weights(measured):
+    assert measured["fit_vs_custom"] == 0.0
 
 
 def test_max_relative_difference():

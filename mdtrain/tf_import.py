@@ -1,0 +1,60 @@
+"""Imports TensorFlow without the start-up lines its C++ core prints regardless of settings.
+
+While its libraries load, TensorFlow (2.19 to at least 2.21) writes absl's
+"All log messages before absl::InitializeLog() ..." and an INFO line "oneDNN
+custom operations are on" straight to the stderr file descriptor, before it
+reads `TF_CPP_MIN_LOG_LEVEL` (tensorflow/tensorflow#100442). A command whose
+promise is "one line on standard error" for bad input cannot let them through.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import tempfile
+
+# INFO lines ("I0000 00:00:1795… 123 port.cc:153] …"), absl's pre-init notice, and
+# the second line of the CPU-feature notice.
+_STARTUP_NOISE = re.compile(
+    r"^(I\d{4} [\d:.]+ +\d+ \S+:\d+\]|WARNING: All log messages before absl::InitializeLog|"
+    r"To enable the following instructions:)"
+)
+
+
+def _quiet_wanted() -> bool:
+    try:
+        return int(os.environ.get("TF_CPP_MIN_LOG_LEVEL", "0")) >= 1
+    except ValueError:
+        return False
+
+
+def import_tensorflow() -> None:
+    """Imports TensorFlow once, dropping its start-up INFO lines from stderr.
+
+    Everything else TensorFlow writes while loading (warnings, errors) is
+    passed on. Does nothing if TensorFlow is imported already, or if
+    `TF_CPP_MIN_LOG_LEVEL` is unset or 0 (the user asked for every message).
+
+    Raises:
+        ModuleNotFoundError: if TensorFlow is not installed.
+    """
+    if "tensorflow" in sys.modules or not _quiet_wanted():
+        import tensorflow  # noqa: F401
+
+        return
+    sys.stderr.flush()
+    saved_fd = os.dup(2)
+    with tempfile.TemporaryFile() as captured:
+        os.dup2(captured.fileno(), 2)
+        try:
+            import tensorflow  # noqa: F401
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved_fd, 2)
+            os.close(saved_fd)
+            captured.seek(0)
+            lines = captured.read().decode(errors="replace").splitlines()
+            kept = [line for line in lines if line.strip() and not _STARTUP_NOISE.match(line)]
+            if kept:
+                print("\n".join(kept), file=sys.stderr, flush=True)
