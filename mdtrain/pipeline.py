@@ -21,7 +21,7 @@ a warning), and DATA sharding gives each worker its slice of every global
 batch, which keeps multi-worker numerics equal to single-machine ones.
 
 The legacy `ImageDataGenerator` baseline lives in `mdtrain.legacy`; the
-measured comparison in `mdtrain.bench`.
+measured comparison in `mdtrain.bench.pipelines`.
 """
 
 from __future__ import annotations

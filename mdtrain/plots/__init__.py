@@ -1,0 +1,41 @@
+"""Matplotlib figures for the notebooks: images, class counts, batches, training curves.
+
+Every function returns a `matplotlib.figure.Figure` and never calls
+`plt.show()`: a notebook displays the returned figure, a script saves it,
+a test inspects it. Figures are sized to read well at dpi ~80 and stay small
+when committed inside a notebook.
+
+Images may be uint8 (0-255) or float in [0, 255] or [0, 1]; tensors are
+converted with `numpy.asarray`.
+
+Modules: `images` (image grids, augmentations side by side), `batches`
+(how global batches split across replicas), `training` (learning curves,
+confusion matrix), `benchmarks` (images per second), `imbalance` (classes
+per split, per replica slice, recall per class); `common` holds the
+figure, image and colour helpers they share.
+"""
+
+from __future__ import annotations
+
+from mdtrain.plots.batches import batch_split_diagram
+from mdtrain.plots.benchmarks import benchmark_bars
+from mdtrain.plots.common import _RIGHT as _RIGHT  # the marks' colours: tests compare them
+from mdtrain.plots.common import _WRONG as _WRONG
+from mdtrain.plots.common import DPI
+from mdtrain.plots.images import augmentation_grid, image_grid, side_by_side_augmentations
+from mdtrain.plots.imbalance import class_counts_bar, recall_bars, replica_class_counts_plot
+from mdtrain.plots.training import confusion_matrix_plot, history_curves
+
+__all__ = [
+    "DPI",
+    "augmentation_grid",
+    "batch_split_diagram",
+    "benchmark_bars",
+    "class_counts_bar",
+    "confusion_matrix_plot",
+    "history_curves",
+    "image_grid",
+    "recall_bars",
+    "replica_class_counts_plot",
+    "side_by_side_augmentations",
+]

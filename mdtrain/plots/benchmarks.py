@@ -1,0 +1,43 @@
+"""Benchmark results: images per second per configuration, as bars."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from matplotlib.figure import Figure
+
+from mdtrain.plots.common import _WRONG, _figure
+
+
+def benchmark_bars(
+    results: Mapping[str, float], limit: float | None = None, title: str = "Input pipeline"
+) -> Figure:
+    """Horizontal bars of images/second per configuration, fastest on top.
+
+    Args:
+        results: `{configuration: images per second}`.
+        limit: optional ceiling to draw as a vertical line (e.g. raw decode
+            speed on all cores). Defaults to None.
+        title: axes title. Defaults to "Input pipeline".
+
+    Returns:
+        The figure: one bar per configuration, labelled with its value.
+    """
+    items = sorted(results.items(), key=lambda kv: kv[1])
+    names = [k for k, _ in items]
+    values = [float(v) for _, v in items]
+    fig = _figure((7.0, 0.45 * len(items) + 1.3))
+    ax = fig.subplots()
+    bars = ax.barh(names, values, color="#4c72b0")
+    ax.bar_label(bars, labels=[f"{v:,.0f}" for v in values], fontsize=8, padding=2)
+    if limit is not None:
+        ax.axvline(limit, color=_WRONG, linestyle="--", linewidth=1.2, label="raw decode limit")
+        ax.legend(fontsize=8, loc="lower right")
+    top = max([*values, limit or 0.0])
+    ax.set_xlim(0, top * 1.18 if top > 0 else 1)
+    ax.set_xlabel("images / second")
+    ax.set_title(title, fontsize=11)
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+    fig.tight_layout()
+    return fig

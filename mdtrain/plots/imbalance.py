@@ -1,0 +1,123 @@
+"""Class balance: examples per class, classes per replica slice, recall per class."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import matplotlib
+import numpy as np
+from matplotlib.figure import Figure
+
+from mdtrain.plots.common import _figure, _tab10_colors
+
+
+def class_counts_bar(counts: Mapping, title: str = "Images per class") -> Figure:
+    """Bar chart of examples per class, one group of bars per split if given.
+
+    Args:
+        counts: `{class: n}`, or `{split: {class: n}}` (e.g. `CheckReport.counts`).
+        title: axes title. Defaults to "Images per class".
+
+    Returns:
+        The figure: one bar per (split, class), each labelled with its count.
+    """
+    if counts and all(isinstance(v, Mapping) for v in counts.values()):
+        splits = {str(k): dict(v) for k, v in counts.items()}
+    else:
+        splits = {"": dict(counts)}
+    class_names: list[str] = []
+    for per_class in splits.values():
+        class_names += [c for c in per_class if c not in class_names]
+    x = np.arange(len(class_names))
+    width = 0.8 / max(1, len(splits))
+    fig = _figure((max(4.0, 0.9 * len(class_names) + 1.5), 3.0))
+    ax = fig.subplots()
+    for i, (split, per_class) in enumerate(splits.items()):
+        values = [per_class.get(c, 0) for c in class_names]
+        offset = (i - (len(splits) - 1) / 2) * width
+        bars = ax.bar(x + offset, values, width, label=split or None)
+        ax.bar_label(bars, fontsize=8, padding=1)
+    ax.set_xticks(x, class_names, rotation=30 if len(class_names) > 6 else 0)
+    ax.set_ylabel("images")
+    ax.set_title(title, fontsize=11)
+    ax.margins(y=0.15)
+    if len(splits) > 1:
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def replica_class_counts_plot(
+    counts, class_names: Sequence[str], title: str | None = None
+) -> Figure:
+    """Stacked bars: the classes in each replica's slice of each global batch.
+
+    One panel per replica, one bar per step, coloured by class: a class
+    missing from a bar never reached that replica's gradient on that step.
+
+    Args:
+        counts: array `(steps, replicas, classes)`, e.g. from
+            `mdtrain.imbalance.replica_class_counts`.
+        class_names: name of each class index.
+        title: figure title. Defaults to None.
+
+    Returns:
+        The figure.
+    """
+    counts = np.asarray(counts)
+    steps, replicas, k = counts.shape
+    fig = _figure((2.9 * replicas + 1.4, 2.5))
+    axes = np.atleast_1d(fig.subplots(1, replicas, sharey=True))
+    colors = _tab10_colors(k)
+    for r, ax in enumerate(axes):
+        bottom = np.zeros(steps)
+        for c in range(k):
+            ax.bar(np.arange(1, steps + 1), counts[:, r, c], bottom=bottom, width=0.85,
+                   color=colors[c], label=class_names[c])  # fmt: skip
+            bottom += counts[:, r, c]
+        ax.set_title(f"replica {r}", fontsize=10)
+        ax.set_xlabel("step")
+        ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+        for side in ("top", "right"):
+            ax.spines[side].set_visible(False)
+    axes[0].set_ylabel("examples")
+    axes[-1].legend(fontsize=8, loc="center left", bbox_to_anchor=(1.0, 0.5))
+    if title:
+        fig.suptitle(title, fontsize=11)
+    fig.tight_layout()
+    return fig
+
+
+def recall_bars(
+    recalls: Mapping[str, Sequence[float]],
+    class_names: Sequence[str],
+    title: str = "Per-class recall",
+) -> Figure:
+    """Grouped bars of recall per class, one bar per variant (baseline, remedies, ...).
+
+    Args:
+        recalls: `{variant: recall of each class}`.
+        class_names: name of each class index.
+        title: axes title. Defaults to "Per-class recall".
+
+    Returns:
+        The figure.
+    """
+    k, n = len(class_names), len(recalls)
+    width = 0.8 / max(n, 1)
+    fig = _figure((max(6.0, 1.3 * k + 1.5), 3.2))
+    ax = fig.subplots()
+    for i, (name, values) in enumerate(recalls.items()):
+        x = np.arange(k) + (i - (n - 1) / 2) * width
+        bars = ax.bar(x, np.asarray(values, dtype=float), width, label=name,
+                      color=_tab10_colors(n)[i])  # fmt: skip
+        ax.bar_label(bars, fmt="%.2f", fontsize=7, padding=1)
+    ax.set_xticks(np.arange(k), class_names)
+    ax.set_ylim(0, 1.15)
+    ax.set_ylabel("recall")
+    ax.set_title(title, fontsize=11)
+    ax.legend(fontsize=8, ncol=n, loc="upper center", bbox_to_anchor=(0.5, -0.12), frameon=False)
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+    fig.tight_layout()
+    return fig

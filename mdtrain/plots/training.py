@@ -1,0 +1,95 @@
+"""Training results: loss and accuracy per epoch, and the confusion matrix."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+from matplotlib.figure import Figure
+
+from mdtrain.plots.common import _figure
+
+
+def history_curves(history: Sequence[Mapping[str, float]], title: str | None = None) -> Figure:
+    """Loss and accuracy per epoch, training against validation.
+
+    Args:
+        history: one dict per epoch with `loss`, `accuracy` and optionally
+            `val_loss`, `val_accuracy` (`TrainResult.history`). A Keras
+            `History.history` dict of lists is accepted too.
+        title: figure title. Defaults to None.
+
+    Returns:
+        The figure: two axes (loss, accuracy), one line per available series.
+    """
+    if isinstance(history, Mapping):  # Keras' {metric: [per epoch]}
+        keys = list(history)
+        history = [{k: history[k][i] for k in keys} for i in range(len(history[keys[0]]))]
+    epochs = np.arange(1, len(history) + 1)
+    fig = _figure((8.5, 3.0))
+    axes = fig.subplots(1, 2)
+    for ax, metric in zip(axes, ("loss", "accuracy"), strict=True):
+        for prefix, label, style in (("", "train", "-o"), ("val_", "validation", "--s")):
+            values = [epoch.get(prefix + metric) for epoch in history]
+            if any(v is not None for v in values):
+                values = [np.nan if v is None else float(v) for v in values]
+                ax.plot(epochs, values, style, label=label, markersize=4)
+        ax.set_title(metric, fontsize=10)
+        ax.set_xlabel("epoch")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        if len(epochs) <= 20:
+            ax.set_xticks(epochs)
+    if title:
+        fig.suptitle(title, fontsize=11)
+    fig.tight_layout()
+    return fig
+
+
+def confusion_matrix_plot(
+    y_true, y_pred, class_names: Sequence[str], normalize: bool = False
+) -> Figure:
+    """Confusion matrix: rows the true class, columns the predicted one.
+
+    Args:
+        y_true: true class indices.
+        y_pred: predicted class indices.
+        class_names: name of each class index.
+        normalize: show each row as fractions of its true class. Defaults to False.
+
+    Returns:
+        The figure; the matrix is on `fig.axes[0].images[0].get_array()`.
+    """
+    k = len(class_names)
+    y_true = np.asarray(y_true, dtype=int).reshape(-1)
+    y_pred = np.asarray(y_pred, dtype=int).reshape(-1)
+    matrix = np.zeros((k, k), dtype=float)
+    np.add.at(matrix, (y_true, y_pred), 1)
+    if normalize:
+        matrix = matrix / np.maximum(matrix.sum(axis=1, keepdims=True), 1)
+    size = max(3.2, 0.55 * k + 1.8)
+    fig = _figure((size + 0.8, size))
+    ax = fig.subplots()
+    image = ax.imshow(matrix, cmap="Blues", vmin=0)
+    fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
+    threshold = matrix.max() / 2 if matrix.size else 0
+    for i in range(k):
+        for j in range(k):
+            text = f"{matrix[i, j]:.2f}" if normalize else f"{int(matrix[i, j])}"
+            ax.text(
+                j,
+                i,
+                text,
+                ha="center",
+                va="center",
+                fontsize=8,
+                color="white" if matrix[i, j] > threshold else "black",
+            )
+    ax.set_xticks(range(k), class_names, rotation=45, ha="right", fontsize=8)
+    ax.set_yticks(range(k), class_names, fontsize=8)
+    ax.set_xlabel("predicted")
+    ax.set_ylabel("true")
+    accuracy = float(np.mean(y_true == y_pred)) if y_true.size else float("nan")
+    ax.set_title(f"Confusion matrix (accuracy {accuracy:.1%})", fontsize=10)
+    fig.tight_layout()
+    return fig
