@@ -80,6 +80,30 @@ def pad_empty_slice(images: tf.Tensor, labels: tf.Tensor):
     return images, labels, weights, count
 
 
+def compiled_step(strategy: tf.distribute.Strategy, step_fn, element_spec):
+    """`strategy.run(step_fn, (batch,))` as one graph, traced once for `element_spec`.
+
+    Both `ExactTrainer.fit` and `custom_fit` run their steps through this, so
+    they execute the same graph and end with the same weights, bit for bit.
+    Tracing for the dataset's element spec (batch size unknown) also avoids a
+    second trace for the smaller last batch.
+
+    Args:
+        strategy: the strategy whose replicas run `step_fn`.
+        step_fn: a per-replica step taking one batch, e.g. `trainer.train_step`.
+        element_spec: `element_spec` of the distributed dataset or iterator.
+
+    Returns:
+        A `tf.function` taking one distributed batch.
+    """
+
+    @tf.function(input_signature=[element_spec])
+    def step(batch):
+        strategy.run(step_fn, args=(batch,))
+
+    return step
+
+
 class ExactTrainer(keras.Model):
     """Wraps a classifier with train and test steps that are exact under a strategy.
 
@@ -136,6 +160,27 @@ class ExactTrainer(keras.Model):
         gradients = tape.gradient(scaled, variables)
         self.optimizer.apply(gradients, variables)  # all-reduces (sums) across replicas
         return self._update_metrics(labels, probabilities, losses, weights)
+
+    def make_train_function(self, force=False):
+        # Keras 3's own train function runs each step inside a tf.while_loop over
+        # `get_next_as_optional`; that graph rounds some sums differently from a
+        # plain step. Running `compiled_step` instead makes `fit`, `custom_fit`
+        # and a multi-worker run (which must use `custom_fit`) agree bit for bit.
+        if self.train_function is not None and not force:
+            return self.train_function
+        steps = {}  # one trace per element spec, reused across epochs and fit calls
+
+        def train_function(iterator):
+            key = repr(iterator.element_spec)
+            if key not in steps:
+                steps[key] = compiled_step(
+                    self.distribute_strategy, self.train_step, iterator.element_spec
+                )
+            steps[key](next(iterator))  # StopIteration at the end ends the epoch
+            return {m.name: m.result() for m in self.metrics}
+
+        self.train_function = train_function
+        return train_function
 
     def _maybe_symbolic_build(self, iterator=None, data_batch=None):
         # Keras 3's fit/evaluate build the model from a sample of the first batch,
@@ -200,18 +245,9 @@ def custom_fit(
     train_dist = strategy.experimental_distribute_dataset(train_ds)
     val_dist = strategy.experimental_distribute_dataset(val_ds) if val_ds is not None else None
 
-    # Traced once for the dataset's element spec (batch dimension unknown), as
-    # `fit` traces its step: a trace per concrete batch shape would also let
-    # TensorFlow fold the batch size into constants and round differently.
-    @tf.function(input_signature=[train_dist.element_spec])
-    def train_step(batch):
-        strategy.run(trainer.train_step, args=(batch,))
-
-    def test_step(batch):
-        strategy.run(trainer.test_step, args=(batch,))
-
+    train_step = compiled_step(strategy, trainer.train_step, train_dist.element_spec)
     if val_dist is not None:
-        test_step = tf.function(test_step, input_signature=[val_dist.element_spec])
+        test_step = compiled_step(strategy, trainer.test_step, val_dist.element_spec)
 
     global_batch = -(-num_examples // steps_per_epoch)
     batch_sizes = [global_batch] * (steps_per_epoch - 1)

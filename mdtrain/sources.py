@@ -193,6 +193,30 @@ def ensure_demo_dataset(out: str | os.PathLike | None = None, **kwargs) -> Path:
     return make_synthetic_dataset(out, **kwargs)
 
 
+def dataset_dir(data_dir: str | os.PathLike | None = None, smoke: bool = False) -> Path:
+    """The folder to train on: yours, or the demo dataset (made on first use).
+
+    Args:
+        data_dir: your dataset: class folders, optionally under `train/` and
+            `val/`. Defaults to None: the demo dataset.
+        smoke: without `data_dir`, a small demo dataset (20 images per class)
+            for quick runs such as CI's. Defaults to False.
+
+    Returns:
+        The dataset folder.
+
+    Example:
+
+    >>> dataset_dir("/kaggle/input/ai-or-not")  # doctest: +SKIP
+    PosixPath('/kaggle/input/ai-or-not')
+    """
+    if data_dir is not None:
+        return Path(data_dir)
+    if smoke:
+        return ensure_demo_dataset(default_demo_dir().with_name("demo-smoke"), per_class=20)
+    return ensure_demo_dataset()
+
+
 def write_digits_dataset(out: str | os.PathLike, scale: int = 4, seed: int = 0) -> Path:
     """Writes scikit-learn's bundled handwritten digits as PNG class folders.
 

@@ -70,6 +70,9 @@ _TF_LOG_LINE = re.compile(
 )
 
 
+_WIDGET = "application/vnd.jupyter.widget-view+json"
+
+
 def _scrub_value(value, patterns):
     if isinstance(value, str):
         return scrub_text(value, patterns)
@@ -81,7 +84,7 @@ def _scrub_value(value, patterns):
 
 
 def scrub_notebook(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
-    """Removes paths, names, timestamps and widget state from a notebook's outputs."""
+    """Removes paths, names, timestamps, widget views and state from a notebook's outputs."""
     patterns = _replacements()
     nb.metadata.pop("widgets", None)  # live widget state: meaningless once the kernel is gone
     nb.metadata.pop("papermill", None)
@@ -91,6 +94,8 @@ def scrub_notebook(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
             continue
         outputs = []
         for output in cell.get("outputs", []):
+            if _WIDGET in output.get("data", {}):
+                continue  # a live widget without its state renders as an error; its summary follows
             if output.get("output_type") == "stream":
                 output["text"] = _TF_LOG_LINE.sub("", output["text"])
                 if not output["text"].strip():
