@@ -177,7 +177,7 @@ class ExactTrainer(keras.Model):
                     self.distribute_strategy, self.train_step, iterator.element_spec
                 )
             steps[key](next(iterator))  # StopIteration at the end ends the epoch
-            return {m.name: m.result() for m in self.metrics}
+            return self.get_metrics_result()
 
         self.train_function = train_function
         return train_function
