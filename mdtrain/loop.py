@@ -26,6 +26,8 @@ import time
 import keras
 import tensorflow as tf
 
+from mdtrain.norm import example_weights
+
 
 def global_example_count(local_batch_size) -> tf.Tensor:
     """Examples in the global batch: the sum of every replica's local count."""
@@ -149,7 +151,7 @@ class ExactTrainer(keras.Model):
 
     def train_step(self, data):
         images, labels, weights, count = pad_empty_slice(*data)
-        with tf.GradientTape() as tape:
+        with tf.GradientTape() as tape, example_weights(weights):
             probabilities = self.net(images, training=True)
             losses = self._example_losses(labels, probabilities, weighted=True)
             loss = replica_loss(losses * weights, count)

@@ -17,6 +17,7 @@ from keras import layers
 from mdtrain.choices import EFFICIENTNETS as _EFFICIENTNETS
 from mdtrain.choices import MODELS, check_model_name
 from mdtrain.errors import UsageError
+from mdtrain.norm import ExactBatchNormalization
 
 BASE_NAME = "base"
 __all__ = ["MODELS", "build_model", "efficientnetv2", "small_cnn", "unfreeze_top"]
@@ -33,13 +34,10 @@ def _head(x, num_classes: int, dropout: float):
 def small_cnn(image_size: int, num_classes: int, dropout: float = 0.2) -> keras.Model:
     """A four-block CNN that trains in minutes on a CPU.
 
-    Its BatchNormalization layers normalise each replica's slice with that
-    slice's statistics, as Keras does by default on several GPUs: the one place
-    where N replicas do not compute exactly what one device would (the
-    N-versus-1 equivalence tests use a model without it). For the same number
-    of replicas, `fit`, the custom loop and a multi-worker run still compute
-    the same weights bit for bit. `synchronized=True` would share the
-    statistics, at the price of one all-reduce per layer and step.
+    Its batch normalization uses the statistics of the whole global batch
+    (`mdtrain.norm.ExactBatchNormalization`), so N replicas train exactly the
+    weights one device trains, at the price of two small all-reduces per
+    layer and step.
 
     Args:
         image_size: side of the square input.
@@ -53,7 +51,7 @@ def small_cnn(image_size: int, num_classes: int, dropout: float = 0.2) -> keras.
     x = layers.Rescaling(1 / 255.0)(inputs)
     for i, filters in enumerate((32, 64, 128, 128)):
         x = layers.Conv2D(filters, 3, padding="same", use_bias=False, name=f"conv{i}")(x)
-        x = layers.BatchNormalization(momentum=0.9, name=f"norm{i}")(x)
+        x = ExactBatchNormalization(momentum=0.9, name=f"norm{i}")(x)
         x = layers.Activation("relu")(x)
         x = layers.MaxPooling2D()(x)
     x = layers.GlobalAveragePooling2D()(x)

@@ -1,0 +1,149 @@
+"""Batch normalization whose statistics are those of the whole global batch.
+
+Keras' `BatchNormalization` normalises each replica's slice with the slice's
+own mean and variance, so N replicas do not compute what one device computes
+on the same global batch. `ExactBatchNormalization` sums each replica's
+per-channel sums with an all-reduce, in two passes (the mean, then the
+squared deviations from it) exactly as one device computes them, so the
+forward pass, its gradient (TensorFlow all-reduces the gradient of an
+all-reduce) and the moving statistics are those of one device, up to the
+order of float additions.
+
+Two details make it exact where Keras' `synchronized=True` is not:
+- the variance is the mean squared deviation, not E[x²] − E[x]², which loses
+  digits when the mean is large;
+- examples of weight 0 do not count. A replica whose slice of a partial batch
+  is empty trains on one all-zero dummy example (`mdtrain.loop.pad_empty_slice`);
+  `example_weights` tells every layer of the forward pass to leave it out.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+
+import keras
+import tensorflow as tf
+from keras import ops
+
+_local = threading.local()  # MirroredStrategy traces each replica in its own thread
+
+
+@contextlib.contextmanager
+def example_weights(weights: tf.Tensor):
+    """Within this block, `ExactBatchNormalization` counts example i with `weights[i]` (0 or 1).
+
+    Args:
+        weights: shape (batch,), this replica's per-example weights.
+    """
+    previous = getattr(_local, "weights", None)
+    _local.weights = weights
+    try:
+        yield
+    finally:
+        _local.weights = previous
+
+
+def _all_reduce_sum(values):
+    ctx = tf.distribute.get_replica_context()
+    if ctx is None or ctx.num_replicas_in_sync == 1:
+        return values
+    return ctx.all_reduce(tf.distribute.ReduceOp.SUM, values)
+
+
+def global_moments(x: tf.Tensor, weights: tf.Tensor | None = None):
+    """Per-channel mean and (biased) variance of `x` over every replica's examples.
+
+    Args:
+        x: float tensor `(batch, ..., channels)`.
+        weights: optional `(batch,)` 0/1 weights; 0 leaves an example out.
+            Defaults to None (every example counts).
+
+    Returns:
+        `(mean, variance)`, each of shape `(channels,)`.
+    """
+    axes = list(range(len(x.shape) - 1))
+    if weights is None:
+        weights = tf.ones(tf.shape(x)[:1], x.dtype)
+    per_example = tf.cast(tf.reduce_prod(tf.shape(x)[1:-1]), x.dtype)
+    w = tf.reshape(tf.cast(weights, x.dtype), [-1] + [1] * (len(x.shape) - 1))
+    count, total = _all_reduce_sum([tf.reduce_sum(weights) * per_example, tf.reduce_sum(x * w, axes)])
+    count = tf.maximum(count, 1.0)
+    mean = total / count
+    squares = _all_reduce_sum(tf.reduce_sum(tf.square(x - mean) * w, axes))
+    return mean, squares / count
+
+
+@keras.saving.register_keras_serializable(package="mdtrain")
+class ExactBatchNormalization(keras.layers.BatchNormalization):
+    """`keras.layers.BatchNormalization` with global-batch statistics under any strategy.
+
+    A drop-in replacement (same arguments and weights, saved and loaded as
+    itself). In training it normalises with the mean and variance of the
+    whole global batch, over all replicas and workers, with one all-reduce
+    per pass; outside a strategy, or on one replica, it computes the same
+    formula with no communication. Renormalisation and masks are not
+    supported.
+
+    Example:
+
+    >>> x = keras.layers.Conv2D(8, 3)(keras.Input((32, 32, 3)))  # doctest: +SKIP
+    >>> x = ExactBatchNormalization()(x)
+    """
+
+    def __init__(self, **kwargs):
+        kwargs.pop("synchronized", None)  # always synchronised, exactly
+        if kwargs.get("renorm"):
+            raise ValueError("ExactBatchNormalization does not support renorm")
+        super().__init__(**kwargs)
+
+    def call(self, inputs, training=None, mask=None):
+        if mask is not None:
+            raise ValueError("ExactBatchNormalization does not support masks")
+        if not (training and self.trainable) or self.axis not in (-1, len(inputs.shape) - 1):
+            return super().call(inputs, training=training)
+        x = ops.cast(inputs, "float32")
+        mean, variance = global_moments(x, getattr(_local, "weights", None))
+        momentum = self.momentum
+        self.moving_mean.assign(self.moving_mean * momentum + mean * (1.0 - momentum))
+        self.moving_variance.assign(
+            self.moving_variance * momentum + variance * (1.0 - momentum)
+        )
+        outputs = ops.batch_normalization(
+            x,
+            mean,
+            variance,
+            axis=-1,
+            offset=ops.cast(self.beta, "float32") if self.center else None,
+            scale=ops.cast(self.gamma, "float32") if self.scale else None,
+            epsilon=self.epsilon,
+        )
+        return ops.cast(outputs, self.compute_dtype)
+
+
+def make_exact(model: keras.Model) -> keras.Model:
+    """A copy of a functional `model` whose BatchNormalization layers are exact.
+
+    Every `keras.layers.BatchNormalization` (nested models included) becomes an
+    `ExactBatchNormalization` with the same configuration and weights; every
+    other layer is cloned unchanged, weights included.
+
+    Args:
+        model: a functional or sequential Keras model.
+
+    Returns:
+        The new model.
+    """
+
+    def clone(layer):
+        if isinstance(layer, keras.Model):
+            return make_exact(layer)
+        if type(layer) is keras.layers.BatchNormalization:
+            new = ExactBatchNormalization.from_config(layer.get_config())
+        else:
+            new = layer.__class__.from_config(layer.get_config())
+        return new
+
+    copy = keras.models.clone_model(model, clone_function=clone)
+    copy.set_weights(model.get_weights())
+    return copy
