@@ -17,7 +17,8 @@ EFFICIENTNETS = {
     "efficientnetv2-b3": "EfficientNetV2B3",
     "efficientnetv2-s": "EfficientNetV2S",
 }
-MODELS = ("small-cnn", *EFFICIENTNETS)
+LITE0 = "efficientnet-lite0"  # ImageNet weights from an installed package, no network
+MODELS = ("small-cnn", *EFFICIENTNETS, LITE0)
 STRATEGIES = ("auto", "mirrored", "multiworker", "tpu", "one", "cpu:N")
 CPU_STRATEGY = re.compile(r"^cpu:(\d+)$")
 

@@ -15,7 +15,7 @@ import keras
 from keras import layers
 
 from mdtrain.choices import EFFICIENTNETS as _EFFICIENTNETS
-from mdtrain.choices import MODELS, check_model_name
+from mdtrain.choices import LITE0, MODELS, check_model_name
 from mdtrain.errors import UsageError
 from mdtrain.norm import ExactBatchNormalization
 
@@ -133,10 +133,11 @@ def build_model(
     """Builds a classifier by name; see `MODELS`.
 
     Args:
-        name: `small-cnn` or an EfficientNetV2 variant (`efficientnetv2-b0`…).
+        name: `small-cnn`, an EfficientNetV2 variant (`efficientnetv2-b0`…) or
+            `efficientnet-lite0` (ImageNet weights without network).
         num_classes: number of classes.
         image_size: side of the square input in pixels.
-        weights: EfficientNetV2 weights: `imagenet`, `none`, or a file path.
+        weights: EfficientNet weights: `imagenet`, `none`, or a file path.
             Ignored by `small-cnn`. Defaults to `"none"`.
         dropout: dropout before the last layer. Defaults to 0.2.
 
@@ -160,6 +161,12 @@ def build_model(
         if image_size < 32:
             raise UsageError(f"--image-size {image_size}: EfficientNetV2 needs at least 32")
         return efficientnetv2(name, image_size, num_classes, weights, dropout)
+    if name == LITE0:  # offline ImageNet weights; see mdtrain.lite0
+        from mdtrain.lite0 import efficientnet_lite0
+
+        if image_size < 32:
+            raise UsageError(f"--image-size {image_size}: efficientnet-lite0 needs at least 32")
+        return efficientnet_lite0(image_size, num_classes, weights, dropout)
     check_model_name(name)
     raise AssertionError(f"{name} is listed in MODELS but has no builder")
 

