@@ -165,7 +165,8 @@ def batch_normalization(name: str):
 def _conv_bn(x, filters: int, kernel: int, stride: int, name: str, relu: bool = True):
     from keras import layers
 
-    x = layers.Conv2D(filters, kernel, stride, padding="same", use_bias=False, name=name + "conv")(x)
+    # "same" = TensorFlow's padding, which the checkpoint was trained with (module docstring).
+    x = layers.Conv2D(filters, kernel, stride, "same", use_bias=False, name=name + "conv")(x)
     x = batch_normalization(name + "bn")(x)
     return layers.ReLU(6.0, name=name + "relu")(x) if relu else x
 
@@ -353,8 +354,8 @@ def _torch_to_keras(torch_weights: dict[str, np.ndarray]) -> dict[str, list[np.n
 
     conv("stem_conv", "_conv_stem.weight")
     bn("stem_bn", "_bn0.")
-    index, filters_in = 0, STEM_FILTERS
-    for repeats, _kernel, _stride, expand, filters in STAGES:
+    index = 0
+    for repeats, _kernel, _stride, expand, _filters in STAGES:
         for _ in range(repeats):
             p, k = f"_blocks.{index}.", f"block{index}_"
             if expand != 1:
@@ -364,7 +365,7 @@ def _torch_to_keras(torch_weights: dict[str, np.ndarray]) -> dict[str, list[np.n
             bn(k + "dw_bn", p + "_bn1.")
             conv(k + "project_conv", p + "_project_conv.weight")
             bn(k + "project_bn", p + "_bn2.")
-            index, filters_in = index + 1, filters
+            index += 1
     conv("head_conv", "_conv_head.weight")
     bn("head_bn", "_bn1.")
     out["imagenet_dense"] = [torch_weights["_fc.weight"].T, torch_weights["_fc.bias"]]
