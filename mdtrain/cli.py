@@ -1,4 +1,4 @@
-"""The `mdtrain` command: `data`, `train`, `bench`, `launch`.
+"""The `mdtrain` command: `data`, `train`, `bench`, `launch`, `predict`.
 
 Kept thin: each subcommand parses its options into the arguments of one
 library function. Bad input of any kind ends in one line on standard error and
@@ -124,14 +124,34 @@ def _add_launch(sub) -> None:
     la.add_argument("train_args", nargs=argparse.REMAINDER)
 
 
+def _add_predict(sub) -> None:
+    p = sub.add_parser(
+        "predict", help="classify image files with a trained model or the ImageNet network",
+        usage="mdtrain predict IMAGE_OR_DIR... (--model-file RUN/model.keras | "
+        "--model efficientnet-lite0 --weights imagenet) [--top K] [--json]",
+    )  # fmt: skip
+    p.add_argument("paths", nargs="+", metavar="IMAGE_OR_DIR")
+    g = p.add_mutually_exclusive_group(required=True)
+    g.add_argument("--model-file", help="a run's model.keras (class names from its report.json)")
+    g.add_argument("--model", help="efficientnet-lite0: the pretrained ImageNet network")
+    p.add_argument("--weights", default="imagenet", help="with --model: imagenet or a file")
+    p.add_argument("--top", type=_positive_int, default=5, help="classes listed per image")
+    p.add_argument("--image-size", type=_positive_int, help="input side (default: the model's)")
+    p.add_argument("--json", action="store_true", help="end with one JSON object")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The `mdtrain` argument parser."""
+    from mdtrain import __version__
+
     parser = _Parser(prog="mdtrain", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"mdtrain {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     _add_data(sub)
     _add_train(sub)
     _add_bench(sub)
     _add_launch(sub)
+    _add_predict(sub)
     return parser
 
 
@@ -197,7 +217,33 @@ def _run_launch(args) -> int:
     )  # fmt: skip
 
 
-_COMMANDS = {"data": _run_data, "train": _run_train, "bench": _run_bench, "launch": _run_launch}
+def _run_predict(args) -> int:
+    from mdtrain.predict import find_image_files
+
+    find_image_files(args.paths)  # bad paths: one line, before TensorFlow starts
+    import_tensorflow()
+    from mdtrain.predict import predict
+
+    result = predict(
+        args.paths, model_file=args.model_file, model=args.model, weights=args.weights,
+        top=args.top, image_size=args.image_size,
+    )  # fmt: skip
+    for note in result.notes:
+        print(f"mdtrain: note: {note}", file=sys.stderr)
+    if args.json:
+        _print_json(result.to_dict())
+    else:
+        print(result.to_text())
+    return 0
+
+
+_COMMANDS = {
+    "data": _run_data,
+    "train": _run_train,
+    "bench": _run_bench,
+    "launch": _run_launch,
+    "predict": _run_predict,
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
