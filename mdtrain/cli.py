@@ -115,12 +115,17 @@ def _add_bench(sub) -> None:
 def _add_launch(sub) -> None:
     la = sub.add_parser(
         "launch", help="run `mdtrain train --strategy multiworker` as N local workers",
-        usage="mdtrain launch --workers N [--restarts R] -- <mdtrain train arguments>",
+        usage="mdtrain launch --workers N [--restarts R] [--gpus-per-worker K] -- <train args>",
     )  # fmt: skip
     la.add_argument("--workers", type=_positive_int, required=True)
     la.add_argument("--restarts", type=int, default=0)
     la.add_argument("--log-dir")
     la.add_argument("--hang-timeout", type=float, default=300.0)
+    la.add_argument(
+        "--gpus-per-worker", type=int, default=None, metavar="K",
+        help="GPUs in each worker's CUDA_VISIBLE_DEVICES (default: the GPUs split evenly; "
+        "0: workers on the CPU)",
+    )  # fmt: skip
     la.add_argument("train_args", nargs=argparse.REMAINDER)
 
 
@@ -213,7 +218,7 @@ def _run_launch(args) -> int:
     train_args = args.train_args[1:] if args.train_args[:1] == ["--"] else args.train_args
     return launch(
         args.workers, train_args, restarts=args.restarts, log_dir=args.log_dir,
-        hang_timeout_s=args.hang_timeout,
+        hang_timeout_s=args.hang_timeout, gpus_per_worker=args.gpus_per_worker,
     )  # fmt: skip
 
 

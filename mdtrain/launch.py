@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import TextIO
 
 from mdtrain.errors import UsageError
+from mdtrain.gpus import assign_gpus, visible_gpus
 
 HANG_EXIT_CODE = 124
 USAGE_EXIT_CODE = 2
@@ -149,7 +150,7 @@ def _stop(procs: list[subprocess.Popen], grace_s: float = _GRACE_S) -> None:
 class _Attempt:
     """One start of all workers: processes, reader threads, and what they saw."""
 
-    def __init__(self, procs, command, addresses, attempt, env, log_dir, stream, lock):
+    def __init__(self, procs, command, addresses, attempt, env, log_dir, stream, lock, gpus=None):
         self.last_output = time.monotonic()
         self.procs: list[subprocess.Popen] = procs  # the caller's, so it can stop half a start
         self.threads: list[threading.Thread] = []
@@ -164,6 +165,8 @@ class _Attempt:
                 MDTRAIN_ATTEMPT=str(attempt),
                 PYTHONUNBUFFERED="1",  # so lines arrive as printed, and silence means silence
             )
+            if gpus is not None:  # this worker's own GPUs, from mdtrain.gpus.assign_gpus
+                worker_env["CUDA_VISIBLE_DEVICES"] = gpus[i]
             log = open(Path(log_dir) / f"worker-{i}.log", "a", encoding="utf-8")
             log.write(f"=== attempt {attempt} ({time.strftime('%Y-%m-%d %H:%M:%S')}) ===\n")
             log.flush()
@@ -217,6 +220,7 @@ def run_workers(
     hang_timeout_s: float | None = 120.0,
     env: dict[str, str] | None = None,
     stream: TextIO | None = None,
+    gpus_per_worker: int | None = None,
 ) -> int:
     """Runs `command` as `num_workers` cooperating workers and waits for them.
 
@@ -243,6 +247,9 @@ def run_workers(
         env: Environment for the workers. Defaults to `None`, this process's.
         stream: Where prefixed output and launcher messages go.
             Defaults to `None`, the `sys.stdout` of the moment (a notebook's too).
+        gpus_per_worker: GPUs for each worker, set in its `CUDA_VISIBLE_DEVICES`
+            (`mdtrain.gpus.assign_gpus`); `0` runs the workers on the CPU.
+            Defaults to `None`: the visible GPUs split evenly, none on a CPU machine.
 
     Returns:
         The exit status described in the module docstring: the chief's status,
@@ -251,7 +258,7 @@ def run_workers(
 
     Raises:
         UsageError: If `command` is empty or cannot be started, `num_workers < 1`,
-            `restarts < 0` or `hang_timeout_s <= 0`.
+            `restarts < 0`, `hang_timeout_s <= 0`, or too few GPUs.
 
     Example:
         >>> run_workers([sys.executable, "train.py"], 2, restarts=1)  # doctest: +SKIP
@@ -264,6 +271,7 @@ def run_workers(
         raise UsageError(f"--restarts {restarts}: pass 0 or more restarts")
     if hang_timeout_s is not None and hang_timeout_s <= 0:
         raise UsageError(f"hang timeout {hang_timeout_s}: pass a positive number of seconds")
+    gpus = assign_gpus(visible_gpus(env), num_workers, gpus_per_worker)
     log_dir = Path(log_dir) if log_dir is not None else Path(tempfile.mkdtemp(prefix="mdtrain-"))
     log_dir.mkdir(parents=True, exist_ok=True)
     base_env = dict(os.environ if env is None else env)
@@ -276,6 +284,9 @@ def run_workers(
             stream.flush()
 
     say(f"{num_workers} workers on {host}; logs in {log_dir}")
+    if gpus is not None:
+        shares = (f"worker {i}: {g or '(none)'}" for i, g in enumerate(gpus))
+        say("CUDA_VISIBLE_DEVICES " + "; ".join(shares))
     # SIGTERM (from kill, Slurm, docker stop) must stop workers too, not just end us.
     previous = None
     if threading.current_thread() is threading.main_thread():
@@ -293,7 +304,9 @@ def run_workers(
             ]
             say(f"attempt {number}: " + " ".join(addresses))
             procs = []
-            attempt = _Attempt(procs, command, addresses, number, base_env, log_dir, stream, lock)
+            attempt = _Attempt(
+                procs, command, addresses, number, base_env, log_dir, stream, lock, gpus
+            )
             status = _watch(attempt, number, restarts, hang_timeout_s, say)
             attempt.join()
             if status is not None:

@@ -300,3 +300,56 @@ def test_real_multiworker_all_reduce(tmp_path):
     assert code == 0, out
     for i in range(2):
         assert f"[worker {i}] replicas=2 sum=3.0" in out, out
+
+
+# A worker that prints what it sees: the launcher's real processes, no TensorFlow.
+SHOW_GPUS = [sys.executable, "-c", "import os; print('sees', os.environ['CUDA_VISIBLE_DEVICES'])"]
+
+
+@pytest.mark.parametrize(
+    "visible, workers, per_worker, expected",
+    [
+        ("0,1,2,3", 2, None, ["0,1", "2,3"]),
+        ("0,1,2,3", 2, 1, ["0", "1"]),
+        ("4,5,6", 3, None, ["4", "5", "6"]),  # the launcher's own subset is what it shares
+        ("0,1", 2, 0, [""] * 2),  # --gpus-per-worker 0: every GPU hidden, workers on the CPU
+    ],
+)
+def test_each_worker_sees_its_own_gpus(tmp_path, visible, workers, per_worker, expected):
+    stream = io.StringIO()
+    code = run_workers(
+        SHOW_GPUS, workers, log_dir=tmp_path, env=_env(CUDA_VISIBLE_DEVICES=visible),
+        stream=stream, gpus_per_worker=per_worker,
+    )  # fmt: skip
+    out = stream.getvalue()
+    assert code == 0, out
+    for i, gpus in enumerate(expected):
+        assert f"[worker {i}] sees {gpus}\n" in out, out
+    assert "[launch] CUDA_VISIBLE_DEVICES worker 0: " in out
+
+
+def test_kaggle_two_t4s_give_each_of_two_workers_one(tmp_path, monkeypatch):
+    from tests.test_gpus import T4X2, fake_nvidia_smi
+
+    env = _env()
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    env["PATH"] = fake_nvidia_smi(tmp_path / "bin", T4X2) + os.pathsep + env["PATH"]
+    stream = io.StringIO()
+    assert run_workers(SHOW_GPUS, 2, log_dir=tmp_path / "logs", env=env, stream=stream) == 0
+    out = stream.getvalue()
+    assert "[worker 0] sees 0\n" in out and "[worker 1] sees 1\n" in out, out
+
+
+def test_too_few_gpus_is_one_line_and_exit_2(tmp_path):
+    env = _env(CUDA_VISIBLE_DEVICES="0,1")
+    done = subprocess.run(
+        [sys.executable, "-m", "mdtrain", "launch", "--workers", "2", "--gpus-per-worker", "2",
+         "--log-dir", str(tmp_path / "logs"), "--", "--epochs", "1"],
+        env=env, capture_output=True, text=True, timeout=60, cwd=ROOT,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "mdtrain: error: --gpus-per-worker 2 with 2 workers needs 4 GPUs but 2 GPUs are "
+        "visible: pass fewer workers or GPUs per worker"
+    ]
+    assert done.stdout == "" and not (tmp_path / "logs").exists()  # no worker was started

@@ -1,0 +1,134 @@
+"""One set of GPUs per worker: the `CUDA_VISIBLE_DEVICES` of each local worker.
+
+Without it every worker of `mdtrain launch` would see every GPU: on Kaggle's
+2×T4, 2 workers would each build 2 replicas on the same 2 GPUs. The GPUs are
+counted without TensorFlow (which must not start in the launcher): the
+launcher's own `CUDA_VISIBLE_DEVICES` when set, else `nvidia-smi -L`, else
+NVML, else none. `assign_gpus` is a pure function of that list.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from collections.abc import Mapping, Sequence
+
+from mdtrain.errors import UsageError
+
+_SMI_LINE = re.compile(r"^GPU (\d+):", re.M)  # "GPU 0: Tesla T4 (UUID: GPU-...)"; MIG lines differ
+
+
+def visible_gpus(env: Mapping[str, str] | None = None) -> list[str]:
+    """Lists the GPUs a process started with `env` would see, without TensorFlow.
+
+    Args:
+        env: The environment to read `CUDA_VISIBLE_DEVICES` and `PATH` from.
+            Defaults to `None`, this process's.
+
+    Returns:
+        The device ids as CUDA takes them in `CUDA_VISIBLE_DEVICES`: the
+        entries of `env`'s `CUDA_VISIBLE_DEVICES` when it is set (indices or
+        UUIDs, up to the first invalid one, as CUDA reads it), else `"0"`,
+        `"1"`, ... for each GPU that `nvidia-smi -L` or NVML reports; `[]`
+        on a machine without NVIDIA GPUs.
+
+    Example:
+        >>> visible_gpus({"CUDA_VISIBLE_DEVICES": "2,3"})
+        ['2', '3']
+    """
+    env = os.environ if env is None else env
+    spec = env.get("CUDA_VISIBLE_DEVICES")
+    if spec is not None:
+        ids = []
+        for item in (s.strip() for s in spec.split(",")):
+            if not item or item.startswith("-"):
+                break  # CUDA stops at the first invalid entry; "-1" hides every GPU
+            ids.append(item)
+        return ids
+    count = _count_with_nvidia_smi(env.get("PATH"))
+    if count is None:
+        count = _count_with_nvml()
+    return [str(i) for i in range(count)]
+
+
+def _count_with_nvidia_smi(path: str | None) -> int | None:
+    smi = shutil.which("nvidia-smi", path=path)
+    if smi is None:
+        return None
+    try:
+        done = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    # nvidia-smi without a working driver exits non-zero: no GPU this process could use.
+    return len(_SMI_LINE.findall(done.stdout)) if done.returncode == 0 else 0
+
+
+def _count_with_nvml() -> int:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            return int(pynvml.nvmlDeviceGetCount())
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # no nvidia-ml-py, no driver, no GPU: all mean none to hand out
+        return 0
+
+
+def assign_gpus(
+    gpus: Sequence[str], num_workers: int, gpus_per_worker: int | None = None
+) -> list[str] | None:
+    """Splits `gpus` into one `CUDA_VISIBLE_DEVICES` value per worker.
+
+    Args:
+        gpus: The device ids to share out, as from `visible_gpus`.
+        num_workers: How many workers. Must be at least 1.
+        gpus_per_worker: GPUs for each worker; `0` hides every GPU from the
+            workers (they run on the CPU). Defaults to `None`: `len(gpus) //
+            num_workers` each, and no change at all on a machine without GPUs.
+
+    Returns:
+        `None` when there is nothing to assign (no GPUs, `gpus_per_worker` not
+        given): the workers keep the launcher's environment. Otherwise one
+        comma-separated string per worker, consecutive and disjoint: worker
+        `i` gets `gpus[i*K:(i+1)*K]`; GPUs left over are not used.
+
+    Raises:
+        UsageError: If there are too few GPUs for the request, or
+            `gpus_per_worker` is negative.
+
+    Example:
+        >>> assign_gpus(["0", "1", "2", "3"], 2)
+        ['0,1', '2,3']
+        >>> assign_gpus(["0", "1"], 2, gpus_per_worker=0)
+        ['', '']
+    """
+    if num_workers < 1:
+        raise UsageError(f"--workers {num_workers}: pass 1 or more workers")
+    if gpus_per_worker is not None and gpus_per_worker < 0:
+        raise UsageError(f"--gpus-per-worker {gpus_per_worker}: pass 0 or more")
+    if gpus_per_worker is None:
+        if not gpus:
+            return None
+        if len(gpus) < num_workers:
+            raise UsageError(
+                f"{num_workers} workers but {_gpus(len(gpus))} visible: pass --workers {len(gpus)} "
+                "or fewer, or --gpus-per-worker 0 to run the workers on the CPU"
+            )
+        gpus_per_worker = len(gpus) // num_workers
+    needed = gpus_per_worker * num_workers
+    if needed > len(gpus):
+        raise UsageError(
+            f"--gpus-per-worker {gpus_per_worker} with {num_workers} workers needs {needed} "
+            f"GPUs but {_gpus(len(gpus))} visible: pass fewer workers or GPUs per worker"
+        )
+    return [
+        ",".join(gpus[i * gpus_per_worker : (i + 1) * gpus_per_worker]) for i in range(num_workers)
+    ]
+
+
+def _gpus(n: int) -> str:
+    return "no GPU is" if n == 0 else ("1 GPU is" if n == 1 else f"{n} GPUs are")
