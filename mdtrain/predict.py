@@ -1,0 +1,225 @@
+"""`predict(...)`: class probabilities for image files, from a trained run or ImageNet.
+
+What `mdtrain predict` runs. Images are read, decoded and resized by
+`mdtrain.pipeline.load_image`, the function the training pipeline uses, so a
+model sees at prediction time exactly what it saw in training. Files that
+cannot be decoded are skipped and reported (with the reason), never fatal.
+
+Two kinds of model:
+
+- a trained run: `model_file="RUN/model.keras"`; the class names come from
+  `report.json` beside it (`class_names`), as `mdtrain train --output RUN`
+  writes them;
+- the pretrained ImageNet network: `model="efficientnet-lite0"` with
+  `weights="imagenet"` (offline; `mdtrain.lite0`), 1,000 ImageNet classes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from mdtrain.data import SkippedFile
+from mdtrain.errors import UsageError
+from mdtrain.images import is_image_name
+
+#: Models that `model=NAME` can predict with: those with offline ImageNet weights.
+PRETRAINED = ("efficientnet-lite0",)
+
+
+@dataclass
+class Prediction:
+    """One image's most likely classes, best first: dicts of `index`, `label`, `probability`."""
+
+    path: str
+    top: list[dict]
+
+
+@dataclass
+class PredictResult:
+    """What `predict` found; `to_dict()` is the `--json` object."""
+
+    predictions: list[Prediction]
+    skipped_files: list[SkippedFile]
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {
+            "predictions": [{"path": p.path, "top": p.top} for p in self.predictions],
+            "skipped_files": [vars(s) for s in self.skipped_files],
+        }
+
+    def to_text(self) -> str:
+        """One line per image (`path: label 0.93, label 0.04, ...`), then the skipped files."""
+        lines = [
+            f"{p.path}: " + ", ".join(f"{t['label']} {t['probability']:.3f}" for t in p.top)
+            for p in self.predictions
+        ]
+        lines += [f"skipped {s.path}: {s.reason}" for s in self.skipped_files]
+        return "\n".join(lines)
+
+
+def find_image_files(paths: list[str | os.PathLike]) -> list[str]:
+    """The files to classify: each file as given, and the image files inside each folder.
+
+    A file named explicitly is kept whatever its extension (the decoder goes
+    by content, and reports what it cannot read); folders are searched
+    recursively for `.jpg .jpeg .png .gif .bmp` files, hidden ones left out.
+
+    Args:
+        paths: files and folders.
+
+    Returns:
+        File paths in the order given, each folder's sorted.
+
+    Raises:
+        UsageError: if a path does not exist or nothing is found.
+    """
+    files: list[str] = []
+    for path in map(Path, paths):
+        if path.is_file():
+            files.append(str(path))
+        elif path.is_dir():
+            for dirpath, dirnames, filenames in os.walk(path):
+                dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+                files += [
+                    os.path.join(dirpath, f)
+                    for f in sorted(filenames)
+                    if not f.startswith(".") and is_image_name(f)
+                ]
+        else:
+            raise UsageError(f"{path}: no such file or folder")
+    if not files:
+        raise UsageError(
+            f"no image files (.jpg .jpeg .png .gif .bmp) in {', '.join(map(str, paths))}"
+        )
+    return files
+
+
+def _run_class_names(model_file: Path, num_outputs: int) -> tuple[list[str], list[str]]:
+    """Class names from the run's report.json; index names (and a note) without one."""
+    report = model_file.parent / "report.json"
+    try:
+        names = json.loads(report.read_text())["class_names"]
+    except (OSError, ValueError, KeyError, TypeError):
+        note = f"{report}: not found or without class_names; labels are class indices"
+        return [str(i) for i in range(num_outputs)], [note]
+    return list(names), []
+
+
+def _load(model, model_file, weights: str, image_size: int | None):
+    """(Keras model, class names, notes) for the chosen model."""
+    if (model is None) == (model_file is None):
+        raise UsageError("pass either --model-file RUN/model.keras or --model NAME, not both")
+    if model_file is not None:
+        model_file = Path(model_file)
+        if not model_file.is_file():
+            raise UsageError(f"--model-file {model_file}: no such file")
+        import keras
+
+        import mdtrain.norm  # noqa: F401  (registers mdtrain's layers for loading)
+
+        try:
+            net = keras.models.load_model(model_file, compile=False)
+        except Exception as e:  # Keras raises several types for a file it cannot read
+            raise UsageError(f"--model-file {model_file}: not a Keras model file ({e})") from None
+        names, notes = _run_class_names(model_file, int(net.output_shape[-1]))
+        return net, names, notes
+    if not isinstance(model, str):  # a Keras model object (the API)
+        return model, None, []
+    if model not in PRETRAINED:
+        raise UsageError(
+            f"--model {model}: only {', '.join(PRETRAINED)} has ImageNet weights offline; "
+            "for a model you trained use --model-file RUN/model.keras"
+        )
+    if weights == "none":
+        raise UsageError("--weights none: an untrained network predicts nothing useful")
+    from mdtrain.lite0 import imagenet_class_names, imagenet_classifier
+
+    return imagenet_classifier(image_size or 224, weights), imagenet_class_names(), []
+
+
+def _top(probabilities, class_names: list[str], k: int) -> list[dict]:
+    import numpy as np
+
+    order = np.argsort(-probabilities, kind="stable")[:k]
+    return [
+        {"index": int(i), "label": class_names[i], "probability": float(probabilities[i])}
+        for i in order
+    ]
+
+
+def predict(
+    paths: list[str | os.PathLike],
+    model_file: str | os.PathLike | None = None,
+    model=None,
+    weights: str = "imagenet",
+    top: int = 5,
+    class_names: list[str] | None = None,
+    image_size: int | None = None,
+    batch_size: int = 32,
+) -> PredictResult:
+    """Classifies image files with a trained run's model or the ImageNet network.
+
+    Args:
+        paths: image files and folders (searched recursively).
+        model_file: a saved `model.keras`; its class names come from the
+            `report.json` beside it. Defaults to None.
+        model: instead of `model_file`, a model name from `PRETRAINED`
+            (with `weights`) or a Keras model object. Defaults to None.
+        weights: weights of a named model: `"imagenet"` or a weights file.
+            Defaults to `"imagenet"`.
+        top: how many classes to list per image, best first. Defaults to 5.
+        class_names: name of each output; overrides the run's report (and is
+            needed for a Keras model object). Defaults to None.
+        image_size: input side for a model without a fixed input size.
+            Defaults to None (the model's own, else 224).
+        batch_size: images per prediction batch. Defaults to 32.
+
+    Returns:
+        A `PredictResult`: for each readable image its top classes, and the
+        files skipped with the reason.
+
+    Raises:
+        UsageError: for missing paths, no images, a bad `top`, both or neither
+            of `model_file` and `model`, a model that cannot be loaded,
+            missing ImageNet weights, or class names that do not fit the model.
+
+    Example:
+
+    >>> result = predict(["photos/"], model="efficientnet-lite0", top=3)  # doctest: +SKIP
+    >>> result.predictions[0].top[0]["label"]
+    'Egyptian cat'
+    """
+    if top < 1:
+        raise UsageError(f"--top {top}: must be at least 1")
+    files = find_image_files(paths)
+    net, names, notes = _load(model, model_file, weights, image_size)
+    names = list(class_names) if class_names is not None else names
+    num_outputs = int(net.output_shape[-1])
+    if names is None or len(names) != num_outputs:
+        raise UsageError(
+            f"the model has {num_outputs} outputs but {0 if names is None else len(names)} "
+            "class names were given; pass one name per output"
+        )
+    size = net.input_shape[1] or image_size or 224
+    import tensorflow as tf
+
+    from mdtrain.data import find_undecodable
+    from mdtrain.pipeline import load_image
+
+    skipped = find_undecodable(files)
+    bad = {s.path for s in skipped}
+    kept = [f for f in files if f not in bad]
+    predictions = []
+    if kept:
+        ds = tf.data.Dataset.from_tensor_slices(kept)
+        ds = ds.map(lambda p: load_image(p, size), num_parallel_calls=tf.data.AUTOTUNE)
+        probabilities = net.predict(ds.batch(batch_size), verbose=0)
+        predictions = [
+            Prediction(f, _top(p, names, min(top, num_outputs)))
+            for f, p in zip(kept, probabilities, strict=True)
+        ]
+    return PredictResult(predictions, skipped, notes)

