@@ -225,7 +225,11 @@ def _run_launch(args) -> int:
 def _run_predict(args) -> int:
     from mdtrain.predict import find_image_files
 
-    find_image_files(args.paths)  # bad paths: one line, before TensorFlow starts
+    find_image_files(args.paths)  # bad input: one line, before TensorFlow starts
+    if args.model == "efficientnet-lite0" and args.weights == "imagenet":
+        from mdtrain.lite0 import lite0_torch_file
+
+        lite0_torch_file()  # says what to install when the weights package is missing
     import_tensorflow()
     from mdtrain.predict import predict
 
