@@ -115,9 +115,13 @@ def _add_bench(sub) -> None:
 def _add_launch(sub) -> None:
     la = sub.add_parser(
         "launch", help="run `mdtrain train --strategy multiworker` as N local workers",
-        usage="mdtrain launch --workers N [--restarts R] [--gpus-per-worker K] -- <train args>",
+        usage="mdtrain launch --workers N [--ps M] [--restarts R] [--gpus-per-worker K] -- <args>",
     )  # fmt: skip
     la.add_argument("--workers", type=_positive_int, required=True)
+    la.add_argument(
+        "--ps", type=int, default=0, metavar="M",
+        help="M parameter servers: asynchronous parameter-server training (notebook 07)",
+    )  # fmt: skip
     la.add_argument("--restarts", type=int, default=0)
     la.add_argument("--log-dir")
     la.add_argument("--hang-timeout", type=float, default=300.0)
@@ -219,6 +223,7 @@ def _run_launch(args) -> int:
     return launch(
         args.workers, train_args, restarts=args.restarts, log_dir=args.log_dir,
         hang_timeout_s=args.hang_timeout, gpus_per_worker=args.gpus_per_worker,
+        num_ps=args.ps,
     )  # fmt: skip
 
 

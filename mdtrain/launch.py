@@ -416,12 +416,15 @@ def _strategy_arg(train_args: list[str]) -> str | None:
     return None
 
 
-def launch(num_workers: int, train_args: list[str], *, restarts: int = 0, **kwargs) -> int:
+def launch(
+    num_workers: int, train_args: list[str], *, restarts: int = 0, num_ps: int = 0, **kwargs
+) -> int:
     """Runs `mdtrain train --strategy multiworker` as `num_workers` local workers.
 
     The CLI's `mdtrain launch --workers N [--restarts R] -- <train arguments>`.
     With restarts, pass `--backup-dir DIR` in `train_args` so a restarted run
-    resumes instead of starting over.
+    resumes instead of starting over. With `num_ps` (`--ps M`) it runs
+    parameter-server training instead (`launch_ps`).
 
     Args:
         num_workers: How many workers to start. Must be at least 1.
@@ -429,6 +432,7 @@ def launch(num_workers: int, train_args: list[str], *, restarts: int = 0, **kwar
             is added unless already there.
         restarts: How many times to restart all workers after one fails.
             Defaults to `0`.
+        num_ps: Parameter servers; more than 0 runs `launch_ps`. Defaults to `0`.
         **kwargs: Passed to `run_workers` (`host`, `log_dir`,
             `hang_timeout_s`, `env`, `stream`).
 
@@ -442,6 +446,11 @@ def launch(num_workers: int, train_args: list[str], *, restarts: int = 0, **kwar
     Example:
         >>> launch(2, ["--epochs", "2", "--backup-dir", "/tmp/bk"], restarts=1)  # doctest: +SKIP
     """
+    if num_ps:
+        if restarts:
+            raise UsageError("--restarts with --ps: a parameter-server job outlives a lost worker; "
+                             "drop --restarts")  # fmt: skip
+        return launch_ps(num_workers, num_ps, train_args, **kwargs)
     strategy = _strategy_arg(train_args)
     command = [sys.executable, "-m", "mdtrain", "train", *train_args]
     if strategy is None:
@@ -452,3 +461,231 @@ def launch(num_workers: int, train_args: list[str], *, restarts: int = 0, **kwar
             "drop --strategy or pass --strategy multiworker"
         )
     return run_workers(command, num_workers, restarts=restarts, **kwargs)
+
+
+# Parameter-server jobs: roles `ps`, `worker` and `chief` (`mdtrain launch --ps M`).
+
+
+def cluster_tf_config(cluster: dict[str, list[str]], task_type: str, index: int) -> dict:
+    """Builds the `TF_CONFIG` dictionary of one task of a cluster with roles.
+
+    Args:
+        cluster: `{"chief": [...], "worker": [...], "ps": [...]}`, `"host:port"` each.
+        task_type: the role of this task, a key of `cluster`.
+        index: its position in `cluster[task_type]`.
+
+    Returns:
+        `{"cluster": cluster, "task": {"type": task_type, "index": index}}`.
+
+    Raises:
+        UsageError: If `task_type` or `index` is not in `cluster`.
+
+    Example:
+        >>> cluster_tf_config({"chief": ["h:1"], "ps": ["h:2"]}, "ps", 0)["task"]
+        {'type': 'ps', 'index': 0}
+    """
+    if not 0 <= index < len(cluster.get(task_type, [])):
+        raise UsageError(f"no task {task_type} {index} in the cluster {sorted(cluster)}")
+    return {
+        "cluster": {role: list(addresses) for role, addresses in cluster.items()},
+        "task": {"type": task_type, "index": index},
+    }
+
+
+def ps_cluster(num_workers: int, num_ps: int, host: str = "127.0.0.1") -> dict[str, list[str]]:
+    """A chief, `num_workers` workers and `num_ps` parameter servers on free ports of `host`."""
+    ports = free_ports(1 + num_workers + num_ps, host)
+    addresses = [f"[{host}]:{p}" if ":" in host else f"{host}:{p}" for p in ports]
+    return {
+        "chief": addresses[:1],
+        "worker": addresses[1 : 1 + num_workers],
+        "ps": addresses[1 + num_workers :],
+    }
+
+
+def _spawn_role(command, env, label, log_dir, stream, lock, preexec):
+    """Starts one task; returns (process, log file); output is pumped by `_pump_role`."""
+    log = open(Path(log_dir) / f"{label.replace(' ', '-')}.log", "a", encoding="utf-8")
+    try:
+        proc = subprocess.Popen(
+            command, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=preexec,
+        )  # fmt: skip
+    except OSError as error:
+        log.close()
+        raise UsageError(f"cannot start {command[0]!r}: {error}; check the command") from None
+    return proc, log
+
+
+def _pump_role(proc, log, label, stream, lock, seen: list) -> None:
+    with log:
+        for raw in iter(proc.stdout.readline, b""):
+            seen[0] = time.monotonic()
+            line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
+            log.write(line + "\n")
+            log.flush()
+            with lock:
+                stream.write(f"[{label}] {line}\n")
+                stream.flush()
+        proc.stdout.close()
+
+
+def run_ps_cluster(
+    chief_command: list[str],
+    server_command: list[str],
+    num_workers: int,
+    num_ps: int,
+    *,
+    host: str = "127.0.0.1",
+    log_dir: str | os.PathLike | None = None,
+    hang_timeout_s: float | None = 300.0,
+    env: dict[str, str] | None = None,
+    stream: TextIO | None = None,
+    gpus_per_worker: int | None = None,
+) -> int:
+    """Runs a parameter-server job: `num_ps` servers, `num_workers` workers and a chief.
+
+    Every task gets `TF_CONFIG` with its role (`ps`, `worker`, `chief`) and
+    `MDTRAIN_ROLE`; workers also get `MDTRAIN_WORKER_INDEX` (for
+    `kill_worker_when`). Parameter servers and workers run `server_command`
+    and never end on their own; the chief runs `chief_command`, and the job
+    ends with it. Unlike `run_workers`, a worker that dies does not stop the
+    job: the chief's coordinator runs its steps on the other workers. A
+    parameter server that dies ends the job (it held variables). Output goes
+    to `stream` as `[ps i] ...`, `[worker i] ...`, `[chief] ...`.
+
+    Args:
+        chief_command: what the chief runs (the training).
+        server_command: what every ps and worker runs (a server).
+        num_workers: workers, at least 1.
+        num_ps: parameter servers, at least 1.
+        host: the address the tasks use. Defaults to `"127.0.0.1"`.
+        log_dir: per-task logs. Defaults to None: a fresh temporary folder.
+        hang_timeout_s: stop everything after this many seconds without
+            output from any task. Defaults to `300.0`.
+        env: environment for the tasks. Defaults to None: this process's.
+        stream: where output goes. Defaults to None: `sys.stdout`.
+        gpus_per_worker: GPUs of each worker, as in `run_workers`; the ps and
+            the chief get none. Defaults to None: the visible GPUs split evenly.
+
+    Returns:
+        The chief's exit status; a dead ps's; 124 when stuck; 130 on Ctrl-C.
+
+    Raises:
+        UsageError: for fewer than 1 worker or ps, or a command that cannot start.
+
+    Example:
+        >>> run_ps_cluster(["python", "chief.py"], ["python", "serve.py"], 2, 1)  # doctest: +SKIP
+    """
+    if num_workers < 1 or num_ps < 1:
+        raise UsageError(f"--workers {num_workers} --ps {num_ps}: pass at least 1 of each")
+    log_dir = Path(log_dir) if log_dir is not None else Path(tempfile.mkdtemp(prefix="mdtrain-"))
+    log_dir.mkdir(parents=True, exist_ok=True)
+    stream, lock = sys.stdout if stream is None else stream, threading.Lock()
+    gpus = assign_gpus(visible_gpus(env), num_workers, gpus_per_worker)
+    cluster = ps_cluster(num_workers, num_ps, host)
+    stream.write(f"[launch] {num_ps} ps, {num_workers} workers and a chief on {host}; "
+                 f"logs in {log_dir}\n")  # fmt: skip
+    roles = [("ps", i) for i in range(num_ps)] + [("worker", i) for i in range(num_workers)]
+    roles.append(("chief", 0))
+    preexec, procs, labels, pumps, seen = _child_setup(), [], [], [], [time.monotonic()]
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+
+        def on_sigterm(signum, frame):
+            raise _Terminated
+
+        previous = signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        for role, index in roles:
+            task_env = dict(os.environ if env is None else env)
+            task_env.update(TF_CONFIG=json.dumps(cluster_tf_config(cluster, role, index)),
+                            MDTRAIN_ROLE=role, PYTHONUNBUFFERED="1")  # fmt: skip
+            if role == "worker":
+                task_env["MDTRAIN_WORKER_INDEX"] = str(index)
+            if gpus is not None:  # workers compute; the ps and the chief only hold and schedule
+                task_env["CUDA_VISIBLE_DEVICES"] = gpus[index] if role == "worker" else ""
+            label = "chief" if role == "chief" else f"{role} {index}"
+            command = chief_command if role == "chief" else server_command
+            proc, log = _spawn_role(command, task_env, label, log_dir, stream, lock, preexec)
+            procs.append(proc)
+            labels.append(label)
+            pumps.append((proc, log, label))
+        for proc, log, label in pumps:  # threads only after every fork (preexec_fn)
+            args = (proc, log, label, stream, lock, seen)
+            threading.Thread(target=_pump_role, args=args, daemon=True).start()
+        return _watch_ps(procs, labels, num_ps, hang_timeout_s, seen, stream, lock)
+    except KeyboardInterrupt:
+        _stop(procs)
+        return 130
+    except _Terminated:
+        _stop(procs)
+        return 143
+    finally:
+        _signal_groups(procs, signal.SIGKILL)  # nothing of ours outlives us
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _watch_ps(procs, labels, num_ps, hang_timeout_s, seen, stream, lock) -> int:
+    """Waits for the chief; stops the servers then. Returns the job's exit status."""
+
+    def say(message: str) -> None:
+        with lock:
+            stream.write(f"[launch] {message}\n")
+            stream.flush()
+
+    reported: set[int] = set()
+    while True:
+        codes = [p.poll() for p in procs]
+        if codes[-1] is not None:
+            say(f"the chief exited with code {codes[-1]}; stopping the servers")
+            _stop(procs)
+            return _exit_status(codes[-1])
+        for i, code in enumerate(codes[:-1]):
+            if code is None or i in reported:
+                continue
+            reported.add(i)
+            if i < num_ps:
+                say(f"{labels[i]} exited with code {code}: its variables are lost; stopping all")
+                _stop(procs)
+                return _exit_status(code) or 1
+            say(f"{labels[i]} exited with code {code}; the chief reruns its steps on the others")
+        if hang_timeout_s is not None and time.monotonic() - seen[0] > hang_timeout_s:
+            say(f"no output for {hang_timeout_s:.0f}s: stuck; stopping all; exit code "
+                f"{HANG_EXIT_CODE}")  # fmt: skip
+            _stop(procs)
+            return HANG_EXIT_CODE
+        time.sleep(_POLL_S)
+
+
+def launch_ps(num_workers: int, num_ps: int, train_args: list[str], **kwargs) -> int:
+    """Runs parameter-server training of `mdtrain train` arguments as a local cluster.
+
+    The CLI's `mdtrain launch --workers N --ps M -- <train arguments>`: the
+    chief runs `python -m mdtrain.ps chief <train arguments>`, every ps and
+    worker `python -m mdtrain.ps serve`.
+
+    Args:
+        num_workers: workers, at least 1.
+        num_ps: parameter servers, at least 1.
+        train_args: `mdtrain train` arguments (plus `mdtrain.ps`'s `--log-every`).
+        **kwargs: passed to `run_ps_cluster` (`host`, `log_dir`,
+            `hang_timeout_s`, `env`, `stream`).
+
+    Returns:
+        The exit status of `run_ps_cluster`.
+
+    Raises:
+        UsageError: if `train_args` asks for a strategy other than `ps`.
+    """
+    strategy = _strategy_arg(train_args)
+    if strategy not in (None, "ps"):
+        raise UsageError(f"--strategy {strategy}: launch --ps runs parameter-server training; "
+                         "drop --strategy")  # fmt: skip
+    if strategy is not None:  # `ps` is what the chief runs anyway
+        at = next(i for i, a in enumerate(train_args) if a.startswith("--strategy"))
+        train_args = train_args[:at] + train_args[at + (1 if "=" in train_args[at] else 2) :]
+    chief = [sys.executable, "-m", "mdtrain.ps", "chief", *train_args]
+    server = [sys.executable, "-m", "mdtrain.ps", "serve"]
+    return run_ps_cluster(chief, server, num_workers, num_ps, **kwargs)

@@ -327,8 +327,9 @@ def train(config, resolver=None, *, log_every: int = 10, mark_after: int | None 
 
     def report(history: PSHistory) -> None:
         if config.verbose:
-            print(f"step {history.steps[-1]}/{num_steps}: loss {history.loss[-1]:.4f} "
-                  f"accuracy {history.accuracy[-1]:.3f} ({history.seconds[-1]:.1f} s)", flush=True)  # fmt: skip
+            done, loss, accuracy = history.steps[-1], history.loss[-1], history.accuracy[-1]
+            print(f"step {done}/{num_steps}: loss {loss:.4f} accuracy {accuracy:.3f} "
+                  f"({history.seconds[-1]:.1f} s)", flush=True)  # fmt: skip
         if mark_after is not None and history.steps[-1] >= mark_after and mark_file:
             if not Path(mark_file).exists():
                 Path(mark_file).touch()
