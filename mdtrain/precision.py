@@ -1,0 +1,83 @@
+"""The mixed-precision choice: which Keras dtype policy a run uses.
+
+`auto` picks by the devices that compute: `mixed_float16` on GPUs (their
+tensor cores run float16; float16's narrow range needs loss scaling), and
+`mixed_bfloat16` everywhere else (TPUs and recent CPUs compute bfloat16
+natively; its float32-sized exponent needs no loss scaling). Variables stay
+float32 under both. A pure function of the device kinds, so the choice is
+tested without a GPU; `local_device_kinds` reads them from TensorFlow.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from mdtrain.errors import UsageError
+
+MODES = ("auto", "float32", "float16", "bfloat16")
+_POLICIES = {"float32": "float32", "float16": "mixed_float16", "bfloat16": "mixed_bfloat16"}
+
+
+def choose_policy(mode: str, device_kinds: Iterable[str]) -> str:
+    """Returns the Keras dtype policy name for `mode` on devices of `device_kinds`.
+
+    Args:
+        mode: `"auto"` (float16 on GPUs, bfloat16 elsewhere), `"float32"`
+            (no mixed precision), `"float16"` or `"bfloat16"`.
+        device_kinds: The kinds of the devices the strategy computes on, as
+            TensorFlow names them (`"GPU"`, `"CPU"`, `"TPU"`; any case).
+            A GPU among them means the GPUs compute.
+
+    Returns:
+        `"mixed_float16"`, `"mixed_bfloat16"` or `"float32"`, for
+        `keras.mixed_precision.set_dtype_policy`.
+
+    Raises:
+        UsageError: If `mode` is not one of `MODES`.
+
+    Example:
+        >>> choose_policy("auto", ["CPU", "GPU", "GPU"])
+        'mixed_float16'
+        >>> choose_policy("auto", ["CPU"])
+        'mixed_bfloat16'
+    """
+    if mode not in MODES:
+        raise UsageError(f"mixed precision {mode!r}: choose one of {', '.join(MODES)}")
+    if mode == "auto":
+        on_gpu = any(kind.upper() == "GPU" for kind in device_kinds)
+        return _POLICIES["float16" if on_gpu else "bfloat16"]
+    return _POLICIES[mode]
+
+
+def needs_loss_scaling(policy: str) -> bool:
+    """Whether training under `policy` needs a loss-scale optimizer.
+
+    float16 underflows for small gradients, so its loss is scaled up before the
+    backward pass and the gradients scaled back down (Keras'
+    `LossScaleOptimizer`); bfloat16 and float32 have float32's range.
+
+    Args:
+        policy: A Keras dtype policy name, as from `choose_policy`.
+
+    Returns:
+        True for a float16 policy.
+
+    Example:
+        >>> needs_loss_scaling("mixed_float16"), needs_loss_scaling("mixed_bfloat16")
+        (True, False)
+    """
+    return "float16" in policy and "bfloat16" not in policy
+
+
+def local_device_kinds() -> list[str]:
+    """The kinds of this process's logical devices, e.g. `["CPU", "GPU", "GPU"]`.
+
+    Imports TensorFlow and initialises its devices: call it after
+    `mdtrain.distribute.configure_devices`, never before.
+
+    Returns:
+        One device type per logical device.
+    """
+    import tensorflow as tf
+
+    return [device.device_type for device in tf.config.list_logical_devices()]

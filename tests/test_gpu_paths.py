@@ -1,0 +1,297 @@
+"""The GPU code paths, exercised without a GPU.
+
+- GPU memory growth is set on every GPU before anything initialises the devices
+  (`configure_devices` against a fake `tf.config` that fails as TensorFlow does
+  once devices are initialised);
+- `auto` mixed precision picks float16 on GPUs and bfloat16 elsewhere, and both
+  policies really train a step here (float16 with loss scaling);
+- the NVML reader and the sampler over a fake `pynvml` that answers as the
+  real one does on Kaggle's 2×T4 (bytes names from old releases, a query a
+  board does not support, `CUDA_VISIBLE_DEVICES` from `mdtrain launch`).
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+
+import numpy as np
+import pytest
+
+from mdtrain.errors import UsageError
+from mdtrain.gpus import assign_gpus
+from mdtrain.monitor.nvml import NvmlReader
+from mdtrain.monitor.sampler import Sampler
+from mdtrain.precision import MODES, choose_policy, needs_loss_scaling
+
+# --- memory growth ---------------------------------------------------------------
+
+
+class FakeTfConfig:
+    """`tf.config` as far as `configure_devices` uses it, with TensorFlow's ordering rule."""
+
+    def __init__(self, num_gpus: int):
+        self.gpus = [f"PhysicalDevice(GPU:{i})" for i in range(num_gpus)]
+        self.calls: list[tuple] = []
+        self.initialised = False
+        self.experimental = types.SimpleNamespace(set_memory_growth=self._set_memory_growth)
+        self.LogicalDeviceConfiguration = lambda: "virtual"
+
+    def _refuse_after_init(self, what: str) -> None:
+        if self.initialised:  # TensorFlow's own message for the same mistake
+            raise RuntimeError(f"{what} cannot be modified after being initialized")
+
+    def list_physical_devices(self, kind: str):  # does not initialise devices
+        self.calls.append(("physical", kind))
+        return list(self.gpus) if kind == "GPU" else ["PhysicalDevice(CPU:0)"]
+
+    def _set_memory_growth(self, device, enable: bool) -> None:
+        self._refuse_after_init("Physical devices")
+        self.calls.append(("growth", device, enable))
+
+    def set_logical_device_configuration(self, device, configs) -> None:
+        self._refuse_after_init("Virtual devices")
+        self.calls.append(("virtual", device, len(configs)))
+
+    def list_logical_devices(self, kind: str | None = None):  # initialises devices
+        self.initialised = True
+        self.calls.append(("logical", kind))
+        return []
+
+
+@pytest.fixture
+def fake_tf(monkeypatch):
+    distribute = pytest.importorskip("mdtrain.distribute")
+
+    def make(num_gpus: int) -> FakeTfConfig:
+        config = FakeTfConfig(num_gpus)
+        monkeypatch.setattr(distribute, "tf", types.SimpleNamespace(config=config))
+        return config
+
+    return distribute, make
+
+
+@pytest.mark.parametrize("strategy", ["auto", "mirrored", "multiworker", "one"])
+def test_memory_growth_is_set_on_every_gpu_before_devices_initialise(fake_tf, strategy):
+    distribute, make = fake_tf
+    config = make(2)
+    distribute.configure_devices(strategy)
+    growth = [c for c in config.calls if c[0] == "growth"]
+    assert growth == [("growth", gpu, True) for gpu in config.gpus]
+    first_init = next((i for i, c in enumerate(config.calls) if c[0] == "logical"), None)
+    last_growth = max(i for i, c in enumerate(config.calls) if c[0] == "growth")
+    assert first_init is None or last_growth < first_init, config.calls
+
+
+def test_memory_growth_then_virtual_cpus_on_a_gpu_machine(fake_tf):
+    distribute, make = fake_tf
+    config = make(1)
+    distribute.configure_devices("cpu:2")
+    kinds = [c[0] for c in config.calls]
+    assert kinds.index("growth") < kinds.index("virtual")
+    assert ("virtual", "PhysicalDevice(CPU:0)", 2) in config.calls
+
+
+def test_the_fake_refuses_growth_after_init_as_tensorflow_does(fake_tf):
+    # Proves the ordering test above can fail: growth after initialisation is refused.
+    _, make = fake_tf
+    config = make(1)
+    config.list_logical_devices("GPU")
+    with pytest.raises(RuntimeError, match="after being initialized"):
+        config.experimental.set_memory_growth(config.gpus[0], True)
+
+
+# --- mixed precision ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("mode", "kinds", "policy"),
+    [
+        ("auto", ["CPU", "GPU", "GPU"], "mixed_float16"),  # Kaggle's 2×T4
+        ("auto", ["gpu"], "mixed_float16"),
+        ("auto", ["CPU"], "mixed_bfloat16"),
+        ("auto", ["CPU", "TPU", "TPU"], "mixed_bfloat16"),
+        ("auto", [], "mixed_bfloat16"),
+        ("float32", ["GPU"], "float32"),
+        ("float16", ["CPU"], "mixed_float16"),
+        ("bfloat16", ["GPU"], "mixed_bfloat16"),
+    ],
+)
+def test_choose_policy(mode, kinds, policy):
+    assert choose_policy(mode, kinds) == policy
+
+
+def test_choose_policy_rejects_an_unknown_mode_in_one_line():
+    with pytest.raises(UsageError, match="choose one of auto, float32, float16, bfloat16"):
+        choose_policy("half", ["GPU"])
+    assert MODES[0] == "auto"
+
+
+def test_loss_scaling_only_for_float16():
+    assert needs_loss_scaling("mixed_float16")
+    assert not needs_loss_scaling("mixed_bfloat16") and not needs_loss_scaling("float32")
+
+
+@pytest.mark.parametrize("kinds", [["CPU", "GPU", "GPU"], ["CPU"]])
+def test_the_auto_policy_trains_a_step(kinds):
+    """The policy `auto` picks for a GPU machine and for this one, each trains for real here."""
+    keras = pytest.importorskip("keras")
+    policy = choose_policy("auto", kinds)
+    previous = keras.mixed_precision.dtype_policy()
+    keras.mixed_precision.set_dtype_policy(policy)
+    try:
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3), keras.layers.Dense(2)])
+        optimizer = keras.optimizers.SGD(0.1)
+        if needs_loss_scaling(policy):
+            optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+        model.compile(optimizer=optimizer, loss="mse")
+        x = np.random.default_rng(0).normal(size=(8, 4)).astype("float32")
+        before = [w.copy() for w in model.get_weights()]
+        loss = model.train_on_batch(x, np.zeros((8, 2), "float32"))
+    finally:
+        keras.mixed_precision.set_dtype_policy(previous)
+    compute = "float16" if policy == "mixed_float16" else "bfloat16"
+    assert model.layers[0].compute_dtype == compute
+    assert all(w.dtype == "float32" for w in model.weights)  # variables stay float32
+    assert np.isfinite(loss)
+    assert any(not np.array_equal(a, b) for a, b in zip(before, model.get_weights(), strict=True))
+
+
+def test_local_device_kinds_on_this_machine():
+    pytest.importorskip("tensorflow")
+    from mdtrain.precision import local_device_kinds
+
+    kinds = local_device_kinds()
+    assert "CPU" in kinds
+    expected = "mixed_float16" if "GPU" in kinds else "mixed_bfloat16"
+    assert choose_policy("auto", kinds) == expected
+
+
+# --- NVML reader and sampler -----------------------------------------------------------
+
+
+class FakeNvmlError(Exception):
+    pass
+
+
+def fake_pynvml(names=("Tesla T4", "Tesla T4"), no_power=(), init_error=None, calls=None):
+    """A `pynvml` module answering like nvidia-ml-py on the GPUs `names`."""
+    calls = [] if calls is None else calls
+    uuids = [f"GPU-{i}{i}{i}-fake" for i in range(len(names))]
+
+    def init():
+        calls.append("init")
+        if init_error:
+            raise FakeNvmlError(init_error)
+
+    def power(handle):
+        if handle in no_power:
+            raise FakeNvmlError("Not Supported")
+        return 27_500 + 1000 * handle  # milliwatts
+
+    module = types.ModuleType("pynvml")
+    module.NVML_TEMPERATURE_GPU = 0
+    module.NVMLError = FakeNvmlError
+    module.nvmlInit = init
+    module.nvmlShutdown = lambda: calls.append("shutdown")
+    module.nvmlDeviceGetCount = lambda: len(names)
+    module.nvmlDeviceGetHandleByIndex = lambda i: i
+    module.nvmlDeviceGetUUID = lambda h: uuids[h]
+    module.nvmlDeviceGetName = lambda h: names[h].encode()  # old releases return bytes
+    module.nvmlDeviceGetUtilizationRates = lambda h: types.SimpleNamespace(gpu=40 + h, memory=5)
+    module.nvmlDeviceGetMemoryInfo = lambda h: types.SimpleNamespace(
+        used=(1 + h) * 2**30, total=15 * 2**30, free=(14 - h) * 2**30
+    )
+    module.nvmlDeviceGetPowerUsage = power
+    module.nvmlDeviceGetTemperature = lambda h, sensor: 60 + h if sensor == 0 else None
+    return module
+
+
+@pytest.fixture
+def nvml(monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+
+    def install(**kwargs):
+        module = fake_pynvml(**kwargs)
+        monkeypatch.setitem(sys.modules, "pynvml", module)
+        return module
+
+    return install
+
+
+def test_reader_reads_every_gpu_in_watts_and_bytes(nvml):
+    nvml()
+    reader = NvmlReader()
+    assert reader.error is None
+    assert reader.names == ["GPU 0 (Tesla T4)", "GPU 1 (Tesla T4)"]
+    gpu0, gpu1 = reader.read()
+    assert (gpu0.kind, gpu0.utilization, gpu0.power_w, gpu0.temperature_c) == ("gpu", 40, 27.5, 60)
+    assert (gpu1.memory_used, gpu1.memory_total) == (2 * 2**30, 15 * 2**30)
+    reader.close()
+
+
+def test_a_query_the_board_cannot_answer_is_none_not_fatal(nvml):
+    nvml(no_power=(1,))
+    reader = NvmlReader()
+    gpu0, gpu1 = reader.read()
+    assert gpu0.power_w == 27.5 and gpu1.power_w is None and gpu1.utilization == 41
+    reader.close()
+
+
+@pytest.mark.parametrize(
+    ("visible", "names"),
+    [("1", ["GPU 1 (Tesla T4)"]), ("GPU-111", ["GPU 1 (Tesla T4)"]), ("1,0", None)],
+)
+def test_reader_shows_the_gpus_cuda_shows(nvml, monkeypatch, visible, names):
+    nvml()
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    reader = NvmlReader()
+    assert reader.names == (names or ["GPU 1 (Tesla T4)", "GPU 0 (Tesla T4)"])
+    reader.close()
+
+
+def test_each_launched_worker_monitors_its_own_gpu(nvml, monkeypatch):
+    nvml()
+    for index, visible in enumerate(assign_gpus(["0", "1"], 2)):  # what `mdtrain launch` sets
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+        reader = NvmlReader()
+        assert reader.names == [f"GPU {index} (Tesla T4)"]
+        reader.close()
+
+
+def test_no_visible_gpu_is_an_error_not_an_exception(nvml, monkeypatch):
+    nvml()
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "-1")
+    reader = NvmlReader()
+    assert reader.error == "NVML found no visible NVIDIA GPU" and reader.read() == ()
+
+
+def test_no_driver_is_an_error_not_an_exception(nvml):
+    nvml(init_error="Driver Not Loaded")
+    reader = NvmlReader()
+    assert "Driver Not Loaded" in reader.error and reader.read() == () and reader.names == []
+    reader.close()
+
+
+def test_no_pynvml_is_an_error_not_an_exception(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", None)
+    reader = NvmlReader()
+    assert reader.error.startswith("NVML unavailable (ModuleNotFoundError")
+
+
+def test_close_shuts_nvml_down_once(nvml):
+    calls = []
+    nvml(calls=calls)
+    reader = NvmlReader()
+    reader.close()
+    reader.close()
+    assert calls == ["init", "shutdown"] and reader.read() == ()
+
+
+def test_sampler_over_nvml_samples_gpus_then_the_cpu(nvml):
+    nvml()
+    with Sampler(0.05) as sampler:
+        sample = sampler.sample_now()
+    assert sampler.has_gpu
+    assert [d.name for d in sample.devices] == ["GPU 0 (Tesla T4)", "GPU 1 (Tesla T4)", "CPU"]
+    assert [g.utilization for g in sample.gpus] == [40, 41]
