@@ -353,3 +353,89 @@ def test_too_few_gpus_is_one_line_and_exit_2(tmp_path):
         "visible: pass fewer workers or GPUs per worker"
     ]
     assert done.stdout == "" and not (tmp_path / "logs").exists()  # no worker was started
+
+
+# Parameter-server roles (`launch --ps M`): a small stand-in task, no TensorFlow.
+ROLE_TASK = [sys.executable, "-c", textwrap.dedent("""
+    import json, os, sys, time
+    config = json.loads(os.environ["TF_CONFIG"])
+    role, index = config["task"]["type"], config["task"]["index"]
+    assert os.environ["MDTRAIN_ROLE"] == role
+    print(f"{role}={index} cluster={json.dumps(config['cluster'], sort_keys=True)}", flush=True)
+    code = os.environ.get("ROLE_EXIT_" + f"{role}_{index}".upper())
+    if code is not None:
+        sys.exit(int(code))
+    time.sleep(float(os.environ.get("ROLE_SLEEP", "600")) if role == "chief" else 600)
+""")]
+
+
+def _run_roles(tmp_path, workers=2, ps=1, **env):
+    stream = io.StringIO()
+    code = launch_mod.run_ps_cluster(
+        ROLE_TASK, ROLE_TASK, workers, ps, log_dir=tmp_path / "logs",
+        env=_env(**env), stream=stream, hang_timeout_s=30,
+    )  # fmt: skip
+    return code, stream.getvalue()
+
+
+def test_cluster_tf_config_roles():
+    cluster = launch_mod.ps_cluster(2, 1)
+    assert [len(cluster[r]) for r in ("chief", "worker", "ps")] == [1, 2, 1]
+    assert len({a for addresses in cluster.values() for a in addresses}) == 4
+    assert all(a.startswith("127.0.0.1:") for addresses in cluster.values() for a in addresses)
+    config = launch_mod.cluster_tf_config(cluster, "ps", 0)
+    assert config == {"cluster": cluster, "task": {"type": "ps", "index": 0}}
+    with pytest.raises(UsageError):
+        launch_mod.cluster_tf_config(cluster, "worker", 2)
+    with pytest.raises(UsageError, match="at least 1"):
+        launch_mod.run_ps_cluster(ROLE_TASK, ROLE_TASK, 0, 1)
+
+
+def test_ps_job_gives_every_role_its_tf_config_and_ends_with_the_chief(tmp_path):
+    code, out = _run_roles(tmp_path, ROLE_SLEEP="1", ROLE_EXIT_CHIEF_0="7")
+    assert code == 7, out
+    clusters = {m.group(2) for m in re.finditer(r"\] (\w+=\d) cluster=(.*)", out)}
+    assert len(clusters) == 1, out  # one cluster, seen by every task
+    for label, task in (("ps 0", "ps=0"), ("worker 0", "worker=0"), ("worker 1", "worker=1"),
+                        ("chief", "chief=0")):  # fmt: skip
+        assert f"[{label}] {task} cluster=" in out, out
+        assert (tmp_path / "logs" / f"{label.replace(' ', '-')}.log").exists()
+    assert "the chief exited with code 7; stopping the servers" in out
+
+
+def test_ps_job_outlives_a_worker_but_not_a_ps(tmp_path):
+    # The chief ends on its own (0) after a worker has died: the job goes on without it.
+    code, out = _run_roles(tmp_path / "a", ROLE_SLEEP="3", ROLE_EXIT_WORKER_1="1")
+    assert code == 0, out
+    assert "worker 1 exited with code 1; the chief reruns its steps on the others" in out
+    # A parameter server holds variables: losing it ends the job at once, with its status.
+    start = time.monotonic()
+    code, out = _run_roles(tmp_path / "b", ROLE_EXIT_PS_0="3")
+    assert code == 3 and time.monotonic() - start < 25, out
+    assert "ps 0 exited with code 3: its variables are lost; stopping all" in out
+
+
+def test_launch_ps_command_and_bad_input(monkeypatch):
+    seen = []
+    monkeypatch.setattr(launch_mod, "run_ps_cluster", lambda *a, **kw: seen.append(a) or 0)
+    assert launch(2, ["--epochs", "1", "--strategy", "ps"], num_ps=1) == 0
+    chief, server, workers, ps = seen[0]
+    assert chief == [sys.executable, "-m", "mdtrain.ps", "chief", "--epochs", "1"]
+    assert server == [sys.executable, "-m", "mdtrain.ps", "serve"] and (workers, ps) == (2, 1)
+    with pytest.raises(UsageError, match="parameter-server"):
+        launch(2, ["--strategy", "mirrored"], num_ps=1)
+    with pytest.raises(UsageError, match="--restarts"):
+        launch(2, [], num_ps=1, restarts=1)
+
+
+def test_cli_launch_ps_bad_strategy_is_one_line(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-m", "mdtrain", "launch", "--workers", "2", "--ps", "1", "--",
+         "--strategy", "mirrored"],
+        capture_output=True, text=True, timeout=60, cwd=ROOT,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "mdtrain: error: --strategy mirrored: launch --ps runs parameter-server training; "
+        "drop --strategy"
+    ]
