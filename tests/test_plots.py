@@ -123,6 +123,16 @@ def test_history_curves_train_and_val():
     assert [len(ax.lines) for ax in fig.axes] == [1, 1]
 
 
+def test_accuracy_comparison_one_axis_zero_to_one_with_chance():
+    imagenet = [{"val_accuracy": 0.9}, {"val_accuracy": 0.95}]
+    runs = {"imagenet": imagenet, "scratch": [{"val_accuracy": 0.3}]}
+    (ax,) = plots.accuracy_comparison(runs, chance=0.2, boundary=1).axes
+    assert [line.get_label() for line in ax.lines[:3]] == ["imagenet", "scratch", "chance (0.20)"]
+    np.testing.assert_allclose(ax.lines[0].get_ydata(), [0.9, 0.95])
+    assert ax.lines[2].get_ydata()[0] == 0.2
+    assert ax.get_ylim()[0] == 0 and ax.get_ylim()[1] >= 1
+
+
 def test_benchmark_bars_sorted_with_limit():
     results = {"imagedatagenerator": 120.0, "tfdata": 900.0, "tfdata_cached": 2500.0}
     (ax,) = plots.benchmark_bars(results, limit=1500.0).axes

@@ -24,10 +24,11 @@ from mdtrain.plots.common import _WRONG as _WRONG
 from mdtrain.plots.common import DPI
 from mdtrain.plots.images import augmentation_grid, image_grid, side_by_side_augmentations
 from mdtrain.plots.imbalance import class_counts_bar, recall_bars, replica_class_counts_plot
-from mdtrain.plots.training import confusion_matrix_plot, history_curves
+from mdtrain.plots.training import accuracy_comparison, confusion_matrix_plot, history_curves
 
 __all__ = [
     "DPI",
+    "accuracy_comparison",
     "augmentation_grid",
     "batch_split_diagram",
     "benchmark_bars",

@@ -93,3 +93,55 @@ def confusion_matrix_plot(
     ax.set_title(f"Confusion matrix (accuracy {accuracy:.1%})", fontsize=10)
     fig.tight_layout()
     return fig
+
+
+def accuracy_comparison(
+    runs: Mapping[str, Sequence[Mapping[str, float]]],
+    chance: float | None = None,
+    metric: str = "val_accuracy",
+    boundary: int | None = None,
+    title: str | None = None,
+) -> Figure:
+    """One accuracy curve per run on one axis from 0 to 1, with the chance level.
+
+    Args:
+        runs: run label → its history (one dict per epoch, `TrainResult.history`).
+        chance: accuracy of guessing (1 / number of classes), drawn as a dotted
+            line. Defaults to None (no line).
+        metric: the history key to draw. Defaults to `"val_accuracy"`.
+        boundary: draw a dashed line after this many epochs (e.g. where
+            fine-tuning starts). Defaults to None.
+        title: axis title. Defaults to None.
+
+    Returns:
+        The figure; one `Line2D` per run on `fig.axes[0]`, then the chance line.
+
+    Example:
+
+    >>> runs = {"ImageNet": transfer.history, "scratch": scratch.history}
+    >>> accuracy_comparison(runs, chance=0.2)  # doctest: +SKIP
+    """
+    fig = _figure((6.0, 3.2))
+    ax = fig.subplots()
+    longest = 1
+    for (label, history), marker in zip(runs.items(), "osD^v", strict=False):
+        values = [float(epoch.get(metric, np.nan)) for epoch in history]
+        longest = max(longest, len(values))
+        ax.plot(np.arange(1, len(values) + 1), values, "-" + marker, label=label, markersize=4)
+    if chance is not None:
+        label = f"chance ({chance:.2f})"
+        ax.axhline(chance, color="gray", linestyle=":", linewidth=1.2, label=label)
+    if boundary is not None:
+        ax.axvline(boundary + 0.5, color="gray", linestyle="--", linewidth=1)
+    ax.set_ylim(0, 1.02)
+    ax.set_xlim(0.5, longest + 0.5)
+    if longest <= 20:
+        ax.set_xticks(np.arange(1, longest + 1))
+    ax.set_xlabel("epoch")
+    ax.set_ylabel(metric.replace("_", " "))
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
+    if title:
+        ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    return fig
