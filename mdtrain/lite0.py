@@ -439,3 +439,47 @@ def imagenet_class_names() -> list[str]:
 def weights_available() -> bool:
     """Whether `--weights imagenet` can work offline (the weights package is installed)."""
     return importlib.util.find_spec(WEIGHTS_PACKAGE) is not None
+
+
+def choose_pretrained(preferred: str, image_size: int) -> tuple[str, str | None]:
+    """The network to fine-tune: `preferred` where its ImageNet weights load, else Lite0.
+
+    Keras downloads EfficientNetV2's ImageNet weights on first use (Kaggle,
+    Colab); without network that fails, and EfficientNet-Lite0, whose weights
+    come from an installed package, takes its place.
+
+    Args:
+        preferred: a model name from `mdtrain.choices.MODELS`.
+        image_size: the input side the model will be built with.
+
+    Returns:
+        `(name, note)`: `note` is None when `preferred` is used, else one line
+        saying why Lite0 is used instead.
+
+    Raises:
+        UsageError: if neither `preferred`'s weights nor the Lite0 package is
+            available (the message says what to install).
+
+    Example:
+
+    >>> choose_pretrained("efficientnetv2-b0", 96)  # doctest: +SKIP
+    ('efficientnet-lite0', 'efficientnetv2-b0: no ImageNet weights (no network?); ...')
+    """
+    import contextlib
+    import io
+
+    from mdtrain.choices import LITE0
+    from mdtrain.models import build_model
+
+    if preferred == LITE0:
+        return preferred, None
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):  # Keras' "Downloading data from ..."
+            build_model(preferred, 2, image_size, weights="imagenet")
+        return preferred, None
+    except UsageError:
+        lite0_torch_file()  # neither: say what to install
+        return LITE0, (
+            f"{preferred}: its ImageNet weights cannot be downloaded here (no network?); "
+            f"using {LITE0}, whose ImageNet weights come with the installed package"
+        )
