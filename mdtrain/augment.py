@@ -1,16 +1,26 @@
-"""Image augmentation as one fused affine transform per image, on whole batches.
+"""Image augmentation as one fused pass per batch: geometry and colour together.
 
 Flip, rotation and zoom are drawn per image exactly as Keras' legacy
 `ImageDataGenerator` draws them (rotation uniform in ±R degrees, horizontal
 and vertical zoom each uniform in [1 - z, 1 + z], flip with probability 1/2),
 composed into a single 3×3 matrix, and applied to a whole batch in one
-bilinear resampling pass. One resampling instead of three is both faster and
-sharper than chaining Keras' RandomFlip, RandomRotation and RandomZoom layers.
+resampling pass. One resampling instead of three is both faster and sharper
+than chaining Keras' RandomFlip, RandomRotation and RandomZoom layers.
+
+Brightness and contrast ride along in the same pass: they are a per-image
+gain and a per-image, per-channel offset applied to each resampled pixel
+before it is rounded, which costs almost nothing beside the resampling.
+Brightness has `ImageDataGenerator`'s `brightness_range` meaning (a factor
+uniform in [lo, hi] multiplies the pixels), contrast Keras' `RandomContrast`
+meaning (a factor uniform in [1 - c, 1 + c] scales each channel's distance to
+its mean).
 
 The resampling itself is a small gather kernel compiled by XLA: TensorFlow's
 `ImageProjectiveTransformV3` op (what Keras' layers call) costs several times
-more than decoding the JPEG on CPU, and would make augmentation, not the
-decoder, the limit of the input pipeline.
+more than decoding the JPEG on CPU. Bilinear sampling (the default, as
+`ImageDataGenerator`'s `interpolation_order=1`) gathers four neighbours per
+pixel; nearest-neighbour sampling (`interpolation_order=0`, torchvision's
+default for rotations) gathers one and costs about half as much.
 
 Randomness is stateless: the same seed gives the same transforms, on any
 number of replicas, whether or not a run was interrupted and resumed.
@@ -21,6 +31,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import tensorflow as tf
+
+INTERPOLATIONS = ("bilinear", "nearest")
 
 
 @dataclass(frozen=True)
@@ -34,21 +46,64 @@ class AugmentPolicy:
             [1 - zoom, 1 + zoom] (above 1 zooms out). Defaults to 0.15.
         fill_mode: how pixels outside the source are filled: `"nearest"`,
             `"reflect"`, `"wrap"` or `"constant"` (black). Defaults to `"nearest"`.
+        brightness: `(lo, hi)`: multiply each image by a factor uniform in
+            [lo, hi] (`ImageDataGenerator`'s `brightness_range`), or None for
+            none. Defaults to None.
+        contrast: scale each channel's distance to its mean by a factor
+            uniform in [1 - contrast, 1 + contrast] (Keras' `RandomContrast`);
+            0 for none. Defaults to 0.
+        interpolation: `"bilinear"` or `"nearest"` sampling. Defaults to `"bilinear"`.
+
+    Example:
+
+    >>> AugmentPolicy(brightness=(0.8, 1.2), contrast=0.2).has_colour
+    True
     """
 
     horizontal_flip: bool = True
     rotation_degrees: float = 20.0
     zoom: float = 0.15
     fill_mode: str = "nearest"
+    brightness: tuple[float, float] | None = None
+    contrast: float = 0.0
+    interpolation: str = "bilinear"
+
+    def __post_init__(self) -> None:
+        if self.interpolation not in INTERPOLATIONS:
+            raise ValueError(
+                f"interpolation {self.interpolation!r}: expected one of {INTERPOLATIONS}"
+            )
+        if self.brightness is not None and not 0 <= self.brightness[0] <= self.brightness[1]:
+            raise ValueError(f"brightness {self.brightness!r}: expected (lo, hi), 0 <= lo <= hi")
+        if not 0 <= self.contrast < 1:
+            raise ValueError(f"contrast {self.contrast!r}: expected a value in [0, 1)")
+
+    @property
+    def has_geometry(self) -> bool:
+        """Whether the policy moves pixels (flip, rotation or zoom)."""
+        return bool(self.horizontal_flip or self.rotation_degrees or self.zoom)
+
+    @property
+    def has_colour(self) -> bool:
+        """Whether the policy changes brightness or contrast."""
+        return self.brightness is not None or self.contrast > 0
 
     def image_data_generator_kwargs(self) -> dict:
-        """The same policy as keyword arguments of `ImageDataGenerator`."""
-        return dict(
+        """The same policy as keyword arguments of `ImageDataGenerator`.
+
+        `ImageDataGenerator` has no contrast option: a policy with contrast
+        gives the generator everything else.
+        """
+        kwargs = dict(
             horizontal_flip=self.horizontal_flip,
             rotation_range=self.rotation_degrees,
             zoom_range=self.zoom,
             fill_mode=self.fill_mode,
+            interpolation_order=1 if self.interpolation == "bilinear" else 0,
         )
+        if self.brightness is not None:
+            kwargs["brightness_range"] = tuple(self.brightness)
+        return kwargs
 
 
 def sample_transforms(batch_size, policy: AugmentPolicy, seed) -> dict[str, tf.Tensor]:
@@ -61,15 +116,23 @@ def sample_transforms(batch_size, policy: AugmentPolicy, seed) -> dict[str, tf.T
 
     Returns:
         A dict of float32 tensors of shape (batch_size,): `theta` (radians),
-        `zx`, `zy` (zoom factors), `flip` (1.0 to mirror, else 0.0).
+        `zx`, `zy` (zoom factors), `flip` (1.0 to mirror, else 0.0),
+        `brightness` and `contrast` (factors, 1.0 when the policy has none).
     """
     u = tf.random.stateless_uniform([batch_size, 4], seed=seed)
+    # Colour is drawn from a seed of its own, so adding it leaves the geometry unchanged.
+    c = tf.random.stateless_uniform(
+        [batch_size, 2], seed=tf.random.experimental.stateless_fold_in(seed, 1)
+    )
     max_theta = policy.rotation_degrees * (3.141592653589793 / 180.0)
+    lo, hi = policy.brightness if policy.brightness is not None else (1.0, 1.0)
     return {
         "theta": (2.0 * u[:, 0] - 1.0) * max_theta,
         "zx": 1.0 - policy.zoom + 2.0 * policy.zoom * u[:, 1],
         "zy": 1.0 - policy.zoom + 2.0 * policy.zoom * u[:, 2],
         "flip": tf.cast(u[:, 3] < 0.5, tf.float32) * float(policy.horizontal_flip),
+        "brightness": lo + (hi - lo) * c[:, 0],
+        "contrast": 1.0 - policy.contrast + 2.0 * policy.contrast * c[:, 1],
     }
 
 
@@ -105,13 +168,33 @@ def transform_matrices(params: dict[str, tf.Tensor], height: int, width: int) ->
     return tf.stack([a0, a1, a2, b0, b1, b2, zero, zero], axis=1)
 
 
-def _bilinear_nearest_fill(images: tf.Tensor, matrices: tf.Tensor) -> tf.Tensor:
-    """Bilinear resampling with edge-clamped ("nearest") fill, as gathers XLA can fuse.
+def colour_gain_offset(
+    images: tf.Tensor, params: dict[str, tf.Tensor]
+) -> tuple[tf.Tensor, tf.Tensor]:
+    """Brightness then contrast as one per-image gain and per-image, per-channel offset.
 
-    Every output pixel computes its source point, gathers its four
-    neighbours (indices clamped to the image, which is exactly scipy's
-    "nearest" fill for order-1 interpolation) and blends them. XLA fuses the
-    whole computation into one loop, with no image-sized temporaries.
+    `v * b` then `(v' - mean') * c + mean'` (with `mean' = b * mean`, the
+    channel's mean over the source image) is `v * (b c) + b mean (1 - c)`.
+
+    Args:
+        images: the source batch, (batch, height, width, channels).
+        params: output of `sample_transforms`.
+
+    Returns:
+        `(gain, offset)` of shapes (batch,) and (batch, channels), float32.
+    """
+    b, c = params["brightness"], params["contrast"]
+    mean = tf.reduce_mean(tf.cast(images, tf.float32), axis=[1, 2])
+    return b * c, (b * (1.0 - c))[:, None] * mean
+
+
+def _resample(images, matrices, gain, offset, nearest: bool):
+    """Affine resampling with edge-clamped ("nearest") fill, then gain and offset.
+
+    Every output pixel computes its source point, gathers its neighbours
+    (indices clamped to the image, which is exactly scipy's "nearest" fill)
+    and blends them. XLA fuses it all into one loop with no image-sized
+    temporaries; gain and offset are two more multiply-adds in that loop.
     """
     shape = tf.shape(images)
     batch, height, width = shape[0], shape[1], shape[2]
@@ -123,33 +206,43 @@ def _bilinear_nearest_fill(images: tf.Tensor, matrices: tf.Tensor) -> tf.Tensor:
     m = tf.cast(matrices, tf.float32)
     sx = m[:, 0:1] * xs + m[:, 1:2] * ys + m[:, 2:3]
     sy = m[:, 3:4] * xs + m[:, 4:5] * ys + m[:, 5:6]
-    x0f, y0f = tf.floor(sx), tf.floor(sy)
-    fx, fy = (sx - x0f)[..., None], (sy - y0f)[..., None]
-    x0, y0 = tf.cast(x0f, tf.int32), tf.cast(y0f, tf.int32)
-    x0c, x1c = tf.clip_by_value(x0, 0, width - 1), tf.clip_by_value(x0 + 1, 0, width - 1)
-    y0c, y1c = tf.clip_by_value(y0, 0, height - 1), tf.clip_by_value(y0 + 1, 0, height - 1)
     flat = tf.reshape(images, [-1, channels])
     base = tf.range(batch)[:, None] * (height * width)
 
     def pixel(y, x):
+        x = tf.clip_by_value(x, 0, width - 1)
+        y = tf.clip_by_value(y, 0, height - 1)
         return tf.cast(tf.gather(flat, base + y * width + x), tf.float32)
 
-    top = pixel(y0c, x0c) * (1.0 - fx) + pixel(y0c, x1c) * fx
-    bottom = pixel(y1c, x0c) * (1.0 - fx) + pixel(y1c, x1c) * fx
-    out = top * (1.0 - fy) + bottom * fy
+    if nearest:
+        out = pixel(tf.cast(tf.round(sy), tf.int32), tf.cast(tf.round(sx), tf.int32))
+    else:
+        x0f, y0f = tf.floor(sx), tf.floor(sy)
+        fx, fy = (sx - x0f)[..., None], (sy - y0f)[..., None]
+        x0, y0 = tf.cast(x0f, tf.int32), tf.cast(y0f, tf.int32)
+        top = pixel(y0, x0) * (1.0 - fx) + pixel(y0, x0 + 1) * fx
+        bottom = pixel(y0 + 1, x0) * (1.0 - fx) + pixel(y0 + 1, x0 + 1) * fx
+        out = top * (1.0 - fy) + bottom * fy
+    out = out * gain[:, None, None] + offset[:, None, :]
     if images.dtype.is_integer:
-        out = tf.round(out)
+        out = tf.clip_by_value(tf.round(out), 0.0, float(images.dtype.max))
     return tf.reshape(tf.cast(out, images.dtype), shape)
 
 
-# One compiled kernel per batch shape and dtype (two per run: full and last batch).
-_bilinear_nearest_fill_xla = tf.function(_bilinear_nearest_fill, jit_compile=True)
+# One compiled kernel per batch shape, dtype and sampling (two shapes per run: full, last).
+_resample_xla = tf.function(_resample, jit_compile=True)
 
 
 def apply_transforms(
-    images: tf.Tensor, matrices: tf.Tensor, fill_mode: str = "nearest", kernel: str = "xla"
+    images: tf.Tensor,
+    matrices: tf.Tensor,
+    fill_mode: str = "nearest",
+    kernel: str = "xla",
+    gain: tf.Tensor | None = None,
+    offset: tf.Tensor | None = None,
+    interpolation: str = "bilinear",
 ) -> tf.Tensor:
-    """Resamples a batch of images (any dtype) with per-image transforms, bilinearly.
+    """Resamples a batch of images (any dtype) with per-image transforms and colour.
 
     Args:
         images: tensor of shape (batch, height, width, channels).
@@ -159,27 +252,38 @@ def apply_transforms(
         kernel: `"xla"` (a compiled gather kernel, about 5x faster than
             TensorFlow's op on CPU; `"nearest"` fill only, other modes use
             the op) or `"op"` (`ImageProjectiveTransformV3`). Defaults to `"xla"`.
+        gain: (batch,) factors every output pixel is multiplied by. Defaults
+            to None (1).
+        offset: (batch, channels) values added after the gain. Defaults to None (0).
+        interpolation: `"bilinear"` or `"nearest"`. Defaults to `"bilinear"`.
 
     Returns:
-        The resampled batch, same shape and dtype; integer images are rounded.
+        The resampled batch, same shape and dtype; integer images are rounded
+        and clipped to their range.
     """
-    if kernel == "xla" and fill_mode == "nearest":
-        return _bilinear_nearest_fill_xla(images, matrices)
     if kernel not in ("xla", "op"):
         raise ValueError(f"kernel {kernel!r}: expected 'xla' or 'op'")
-    shape = tf.shape(images)
-    return tf.raw_ops.ImageProjectiveTransformV3(
+    batch = tf.shape(images)[0]
+    gain = tf.ones([batch]) if gain is None else gain
+    offset = tf.zeros([batch, images.shape[-1]]) if offset is None else offset
+    if kernel == "xla" and fill_mode == "nearest":
+        return _resample_xla(images, matrices, gain, offset, interpolation == "nearest")
+    out = tf.raw_ops.ImageProjectiveTransformV3(
         images=images,
         transforms=matrices,
-        output_shape=shape[1:3],
+        output_shape=tf.shape(images)[1:3],
         fill_value=0.0,
-        interpolation="BILINEAR",
+        interpolation=interpolation.upper(),
         fill_mode=fill_mode.upper(),
     )
+    out = tf.cast(out, tf.float32) * gain[:, None, None, None] + offset[:, None, None, :]
+    if images.dtype.is_integer:
+        out = tf.clip_by_value(tf.round(out), 0.0, float(images.dtype.max))
+    return tf.cast(out, images.dtype)
 
 
 def augment_batch(images: tf.Tensor, policy: AugmentPolicy, seed, kernel: str = "xla") -> tf.Tensor:
-    """Applies random flip, rotation and zoom to a batch in one resampling pass.
+    """Applies random flip, rotation, zoom, brightness and contrast in one pass.
 
     Args:
         images: tensor of shape (batch, height, width, channels), uint8 or float.
@@ -196,9 +300,12 @@ def augment_batch(images: tf.Tensor, policy: AugmentPolicy, seed, kernel: str = 
     >>> augment_batch(batch, AugmentPolicy(), tf.constant([1, 2])).shape
     TensorShape([8, 64, 64, 3])
     """
-    if policy.rotation_degrees == 0 and policy.zoom == 0 and not policy.horizontal_flip:
+    if not policy.has_geometry and not policy.has_colour:
         return images
     height, width = images.shape[1], images.shape[2]
     params = sample_transforms(tf.shape(images)[0], policy, seed)
     matrices = transform_matrices(params, height, width)
-    return apply_transforms(images, matrices, policy.fill_mode, kernel)
+    gain, offset = colour_gain_offset(images, params) if policy.has_colour else (None, None)
+    return apply_transforms(
+        images, matrices, policy.fill_mode, kernel, gain, offset, policy.interpolation
+    )

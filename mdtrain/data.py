@@ -7,13 +7,17 @@ A dataset is a folder with one sub-folder per class::
 or a folder holding ``train/`` and ``val/`` (or ``validation/``) that each look
 like that. Hidden files and folders and files without an image extension are
 ignored. Nothing here imports TensorFlow at import time, and nothing here ever
-modifies or deletes a file.
+modifies or deletes a file of the dataset: what mdtrain remembers about a
+dataset (which files decode) lives in its own cache folder, `cache_folder()`.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import random
+import tempfile
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -163,40 +167,118 @@ def split_validation(images: ImageList, fraction: float, seed: int) -> tuple[Ima
     return pick(False), pick(True)
 
 
-def find_undecodable(files: list[str]) -> list[SkippedFile]:
+def cache_folder() -> Path:
+    """mdtrain's own cache folder: `$MDTRAIN_CACHE_DIR`, else `~/.cache/mdtrain`.
+
+    `$XDG_CACHE_HOME/mdtrain` when that variable is set. It holds the
+    remembered decode checks and disk caches of decoded images; mdtrain
+    never writes into a dataset's folder.
+    """
+    if os.environ.get("MDTRAIN_CACHE_DIR"):
+        return Path(os.environ["MDTRAIN_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "mdtrain"
+
+
+def _manifest_path(files: list[str]) -> Path:
+    root = os.path.commonpath([os.path.abspath(f) for f in files])
+    return cache_folder() / "checked" / f"{hashlib.sha256(root.encode()).hexdigest()[:16]}.json"
+
+
+def _stat_key(path: str) -> list[int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return [st.st_size, st.st_mtime_ns]
+
+
+def _load_manifest(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}  # none yet, or unreadable: scan again
+
+
+def _save_manifest(path: Path, entries: dict) -> None:
+    """Writes atomically; a cache that cannot be written only costs a rescan next time."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+        with os.fdopen(fd, "w") as f:
+            json.dump({"version": 1, "files": entries}, f)
+        os.replace(tmp, path)
+    except OSError:
+        pass
+
+
+def find_undecodable(files: list[str], remember: bool = True) -> list[SkippedFile]:
     """Decodes every file with the training decoder and returns those that fail.
 
-    Runs in parallel through tf.data; only failures are decoded a second time
-    to capture TensorFlow's reason.
+    Runs in parallel through tf.data; JPEGs are decoded at 1/8 scale, which
+    reads and checks all of their data but skips most of the inverse DCT.
+    Only failures are decoded a second time to capture TensorFlow's reason.
+    With `remember`, the result for each file is kept in a manifest in
+    `cache_folder()`, keyed by path, size and modification time, so a second
+    run decodes only the files that are new or changed.
 
     Args:
         files: image file paths.
+        remember: read and update the manifest. Defaults to True.
 
     Returns:
         The files that cannot be decoded, with a one-line reason each.
+
+    Example:
+
+    >>> find_undecodable(["data/demo/train/circle/0000.jpg"])  # doctest: +SKIP
+    []
     """
     if not files:
         return []
+    manifest = _manifest_path(files) if remember else None
+    known = _load_manifest(manifest) if manifest is not None else {}
+    keys = {f: _stat_key(f) for f in files}
+    todo = [f for f in files if f not in known or known[f][:2] != keys[f]]
+    reasons = {f: known[f][2] for f in files if f not in todo}
+    reasons.update(_scan(todo))
+    if manifest is not None and todo:
+        known.update({f: [*keys[f], reasons[f]] for f in todo if keys[f] is not None})
+        _save_manifest(manifest, known)
+    return [SkippedFile(f, reasons[f]) for f in files if reasons[f] is not None]
+
+
+def _scan(files: list[str]) -> dict[str, str | None]:
+    """`{path: None if it decodes, else the reason}`, decoding in parallel."""
+    if not files:
+        return {}
     import tensorflow as tf
 
-    def ok(i, path):
-        return i, tf.shape(decode_image(tf.io.read_file(path)))
+    def check(i, path):
+        contents = tf.io.read_file(path)
+        is_jpeg = tf.equal(tf.strings.substr(contents, 0, 3), b"\xff\xd8\xff")
+        image = tf.cond(
+            is_jpeg,
+            lambda: tf.io.decode_jpeg(contents, channels=3, ratio=8),
+            lambda: decode_image(contents),
+        )
+        return i, tf.shape(image)
 
     ds = tf.data.Dataset.from_tensor_slices((tf.range(len(files)), files))
-    ds = ds.map(ok, num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)
+    ds = ds.map(check, num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)
     ds = ds.ignore_errors().batch(4096)
     decoded = {int(i) for batch, _ in ds for i in batch.numpy()}
-    bad = []
-    for i in sorted(set(range(len(files))) - decoded):
-        bad.append(SkippedFile(files[i], _decode_error(files[i])))
-    return bad
+    return {f: None if i in decoded else _decode_error(f) for i, f in enumerate(files)}
 
 
 def _decode_error(path: str) -> str:
     import tensorflow as tf
 
-    if os.path.getsize(path) == 0:
-        return "empty file"
+    try:
+        if os.path.getsize(path) == 0:
+            return "empty file"
+    except OSError as e:
+        return f"cannot be read: {e.strerror}"
     if sniff_format(path) is None:
         return "not a JPEG, PNG, GIF or BMP image"
     try:

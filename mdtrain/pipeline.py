@@ -2,17 +2,26 @@
 
 The training pipeline, stage by stage and why:
 
-1. file names and labels, shuffled by a seed that depends on the *epoch
-   number* (so a resumed run sees the same order as an uninterrupted one);
+1. file names and labels in an order that depends only on the seed and the
+   *epoch number* (so a resumed run sees the same order as an uninterrupted
+   one): a shuffle of the names, never a buffer of decoded images, so the
+   first batch needs only its own 32 decodes;
 2. read, decode (by content; large JPEGs at reduced scale) and resize, in
    parallel, kept as uint8 (a quarter of float32's memory and host-to-device
    traffic);
-3. optionally cached in memory after decoding, so later epochs skip the disk
-   and the decoder (then the shuffle happens after the cache);
+3. the cache (`cache="auto"|"memory"|"disk"|"none"`): `memory` keeps the
+   decoded images after the first epoch, which fills it *while training*;
+   later epochs shuffle the cached images (the same order streaming would
+   give). `disk` writes them to a cache folder instead, for sets larger than
+   memory; `none` streams every epoch from the files, with memory that does
+   not grow with the dataset. `auto` (the default) picks `memory` when the
+   decoded set takes at most a quarter of the available memory, else `disk`
+   when a cache folder was given, else `none`;
 4. batched by the GLOBAL batch size: the strategy splits each batch across
    replicas, and the last, partial batch is kept, not dropped;
-5. augmented a whole batch at a time by one fused, XLA-compiled affine
-   resampling (`mdtrain.augment`), batches in parallel;
+5. augmented a whole batch at a time by one fused, XLA-compiled pass
+   (`mdtrain.augment`: flip, rotation, zoom, brightness, contrast), batches
+   in parallel;
 6. prefetched, so the next batch is ready while the devices compute.
 
 The auto-shard policy is set explicitly to DATA: a dataset built from a list
@@ -26,14 +35,19 @@ measured comparison in `mdtrain.bench.pipelines`.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import tensorflow as tf
 
 from mdtrain.augment import AugmentPolicy, augment_batch
-from mdtrain.data import ImageList, SkippedFile, Splits
+from mdtrain.data import ImageList, SkippedFile, Splits, cache_folder
+from mdtrain.errors import UsageError
 from mdtrain.images import decode_image
 
 AUTOTUNE = tf.data.AUTOTUNE
@@ -116,6 +130,76 @@ def epoch_seed(seed, epoch: int):
     return tf.cast(seed, tf.int64) * 1_000_003 + epoch
 
 
+#: The values of `InputData(cache=...)` and of `mdtrain train --cache`.
+CACHE_MODES = ("auto", "memory", "disk", "none")
+
+#: `cache="auto"` keeps the decoded set in memory when it takes at most this share of
+#: the memory available now: the model, the optimizer and the batches need the rest.
+AUTO_MEMORY_SHARE = 0.25
+
+#: Shuffle buffer (decoded images) after a disk cache: a bounded memory cost.
+DISK_SHUFFLE_BUFFER = 1024
+
+
+def decoded_bytes(num_images: int, image_size: int) -> int:
+    """Memory that `num_images` decoded uint8 images of `image_size` px take."""
+    return num_images * image_size * image_size * 3
+
+
+def resolve_cache(
+    cache: bool | str, num_images: int, image_size: int, cache_dir=None, available=None
+) -> str:
+    """The cache mode `InputData` uses: `"memory"`, `"disk"` or `"none"`.
+
+    Args:
+        cache: `"auto"`, `"memory"`, `"disk"` or `"none"`; True means
+            `"memory"` and False `"none"` (the older boolean form).
+        num_images: images to cache (training and validation).
+        image_size: side of the decoded square images.
+        cache_dir: folder for a disk cache; `"auto"` uses the disk only when
+            one is given. Defaults to None.
+        available: bytes of memory available; None asks the operating
+            system (psutil). Defaults to None.
+
+    Returns:
+        The resolved mode.
+
+    Raises:
+        UsageError: for an unknown mode.
+
+    Example:
+
+    >>> resolve_cache("auto", 1500, 224, available=16 * 2**30)
+    'memory'
+    """
+    if cache is True or cache is False:
+        return "memory" if cache else "none"
+    if cache not in CACHE_MODES:
+        raise UsageError(f"--cache {cache!r}: expected one of {', '.join(CACHE_MODES)}")
+    if cache != "auto":
+        return cache
+    if available is None:
+        import psutil
+
+        available = psutil.virtual_memory().available
+    if decoded_bytes(num_images, image_size) <= AUTO_MEMORY_SHARE * available:
+        return "memory"
+    return "disk" if cache_dir is not None else "none"
+
+
+def _disk_prefix(cache_dir, images: ImageList, image_size: int, order_key, split: str) -> str:
+    """A cache file prefix that changes whenever what would be cached changes."""
+    h = hashlib.sha256()
+    h.update(json.dumps([image_size, order_key]).encode())
+    for f in images.files:  # a changed file must not be served from an old cache
+        st = os.stat(f)
+        h.update(f"{f}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    folder = Path(cache_dir if cache_dir is not None else cache_folder() / "decoded")
+    folder = folder / f"mdtrain-{h.hexdigest()[:16]}"
+    folder.mkdir(parents=True, exist_ok=True)
+    return str(folder / split)
+
+
 @dataclass
 class InputData:
     """Everything training needs to know about its input.
@@ -123,6 +207,26 @@ class InputData:
     `train_epochs(first, last)` gives the batches of epochs `first`…`last - 1`
     back to back (each epoch's order fixed by its number); `val_ds` is the
     validation batches, or None.
+
+    Args:
+        splits: training and validation images (`mdtrain.data.load_splits`).
+        image_size: side of the square images the model sees.
+        global_batch_size: images per step over all replicas.
+        seed: seed of the shuffle and the augmentation. Defaults to 0.
+        shuffle: shuffle the training images every epoch. Defaults to True.
+        augment: the `AugmentPolicy`, or None for none. Defaults to `AugmentPolicy()`.
+        cache: `"auto"`, `"memory"`, `"disk"` or `"none"` (see
+            `resolve_cache`; True and False mean `"memory"` and `"none"`).
+            Defaults to `"auto"`.
+        deterministic: keep the exact order even when parallel decoding
+            finishes out of order. Defaults to False.
+        cache_dir: folder of a disk cache; None uses mdtrain's cache folder
+            (`mdtrain.data.cache_folder()`). Defaults to None.
+
+    Example:
+
+    >>> data = InputData(load_splits("data/demo"), 64, 32, cache="none")  # doctest: +SKIP
+    >>> data.cache_mode, data.steps_per_epoch  # doctest: +SKIP
     """
 
     splits: Splits
@@ -131,23 +235,59 @@ class InputData:
     seed: int = 0
     shuffle: bool = True
     augment: AugmentPolicy | None = field(default_factory=AugmentPolicy)
-    cache: bool | str = True
+    cache: bool | str = "auto"
     deterministic: bool = False
+    cache_dir: str | os.PathLike | None = None
 
     def __post_init__(self) -> None:
-        self._train_decoded = None
-        if self.cache:
-            # Cached in file order (a deterministic decode), so that every epoch's
-            # shuffle, applied after the cache, depends on (seed, epoch) only.
-            self._train_decoded = decoded_images(
-                self.splits.train, self.image_size, self.cache, deterministic=True
-            )
+        self.cache_mode = resolve_cache(
+            self.cache, self.num_train + self.num_val, self.image_size, self.cache_dir
+        )
+        train = self.splits.train
+        self._names = tf.data.Dataset.from_tensor_slices(
+            (train.files, np.asarray(train.labels, np.int32))
+        )
+        self._train_cached = None
+        if self.cache_mode != "none":
+            # Decoded in epoch 0's order, deterministically, so later epochs (a
+            # shuffle of the cache) depend on (seed, epoch) only.
+            ds = self._decode(self._first_order(self._names), deterministic=True)
+            self._train_cached = ds.cache(self._cache_file(train, "train"))
         self.val_ds = None
-        if self.splits.val is not None and len(self.splits.val):
-            val = decoded_images(self.splits.val, self.image_size, self.cache, self.deterministic)
+        if self.num_val:
+            val = decoded_images(self.splits.val, self.image_size, deterministic=self.deterministic)
+            if self.cache_mode != "none":
+                val = val.cache(self._cache_file(self.splits.val, "val"))
             self.val_ds = _set_options(
                 val.batch(self.global_batch_size).prefetch(AUTOTUNE), self.deterministic
             )
+
+    def _cache_file(self, images: ImageList, split: str) -> str:
+        if self.cache_mode == "memory":
+            return ""
+        order = [self.seed, self.shuffle] if split == "train" else None
+        return _disk_prefix(self.cache_dir, images, self.image_size, order, split)
+
+    def _decode(self, ds: tf.data.Dataset, deterministic: bool) -> tf.data.Dataset:
+        size = self.image_size
+        return ds.map(
+            lambda path, label: (load_image(path, size), label),
+            num_parallel_calls=AUTOTUNE,
+            deterministic=deterministic,
+        )
+
+    def _first_order(self, ds: tf.data.Dataset) -> tf.data.Dataset:
+        """Epoch 0's order: a shuffle of the names (whose buffer holds names only)."""
+        if not self.shuffle:
+            return ds
+        return ds.shuffle(self.num_train, seed=epoch_seed(self.seed, 0),
+                          reshuffle_each_iteration=False)  # fmt: skip
+
+    def _reshuffle(self, ds: tf.data.Dataset, epoch: int, buffer: int) -> tf.data.Dataset:
+        if not self.shuffle or epoch == 0:
+            return ds
+        return ds.shuffle(buffer, seed=epoch_seed(self.seed, epoch),
+                          reshuffle_each_iteration=False)  # fmt: skip
 
     @property
     def class_names(self) -> list[str]:
@@ -176,29 +316,21 @@ class InputData:
     def epoch_batches(self, epoch: int) -> tf.data.Dataset:
         """The training batches of one epoch; their order depends only on (seed, epoch).
 
-        Uncached, the file names are shuffled and then decoded in parallel;
-        cached, the decoded images are shuffled. With `deterministic=False`
-        parallel decoding may hand images over slightly out of order (never
-        across epochs), which keeps both cores busy when file costs vary.
+        Epoch 0 decodes the files in a seeded shuffle of their names (and,
+        when cached, fills the cache in that order); epoch k > 0 shuffles
+        that order again by a seed of k, the names when streaming, the cached
+        images otherwise, so `memory` and `none` give the same batches. After
+        a disk cache the shuffle buffer holds `DISK_SHUFFLE_BUFFER` images, so
+        its later epochs mix less. With `deterministic=False` parallel
+        decoding may hand images over slightly out of order (never across
+        epochs), which keeps every core busy when file costs vary.
         """
-        shuffle_seed = epoch_seed(self.seed, epoch)
-        if self._train_decoded is not None:
-            ds = self._train_decoded
-            if self.shuffle:
-                ds = ds.shuffle(self.num_train, seed=shuffle_seed, reshuffle_each_iteration=False)
+        if self._train_cached is not None:
+            buffer = self.num_train if self.cache_mode == "memory" else DISK_SHUFFLE_BUFFER
+            ds = self._reshuffle(self._train_cached, epoch, buffer)
         else:
-            train = self.splits.train
-            ds = tf.data.Dataset.from_tensor_slices(
-                (train.files, np.asarray(train.labels, np.int32))
-            )
-            if self.shuffle:
-                ds = ds.shuffle(self.num_train, seed=shuffle_seed, reshuffle_each_iteration=False)
-            size = self.image_size
-            ds = ds.map(
-                lambda path, label: (load_image(path, size), label),
-                num_parallel_calls=AUTOTUNE,
-                deterministic=self.deterministic,
-            )
+            names = self._reshuffle(self._first_order(self._names), epoch, self.num_train)
+            ds = self._decode(names, self.deterministic)
         ds = ds.batch(self.global_batch_size)
         if self.augment is not None:
             policy, seed = self.augment, self.seed
