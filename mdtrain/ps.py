@@ -248,9 +248,13 @@ def _dataset_fn(splits, image_size: int, batch_size: int, config):
     def dataset_fn():
         # Built on each worker: a dataset made on the chief cannot be copied to one.
         inputs = InputData(
-            splits, image_size, batch_size, seed=config.seed,
-            augment=AugmentPolicy() if config.augment else None, cache=config.cache,
-        )  # fmt: skip
+            splits,
+            image_size,
+            batch_size,
+            seed=config.seed,
+            augment=AugmentPolicy() if config.augment else None,
+            cache=config.cache,
+        )
         # Unseeded: each worker visits the same batches in its own order.
         return inputs.train_epochs(0, 1).shuffle(64).repeat()
 
@@ -268,8 +272,14 @@ def _val_accuracy(net, val_ds) -> float | None:
     return right / max(total, 1)
 
 
-def train(config, resolver=None, *, log_every: int = 10, mark_after: int | None = None,
-          mark_file: str | os.PathLike | None = None) -> dict:  # fmt: skip
+def train(
+    config,
+    resolver=None,
+    *,
+    log_every: int = 10,
+    mark_after: int | None = None,
+    mark_file: str | os.PathLike | None = None,
+) -> dict:
     """Trains `config`'s model with parameter-server training; runs on the chief.
 
     What `mdtrain launch --workers N --ps M` runs in its chief. The run is
@@ -298,10 +308,10 @@ def train(config, resolver=None, *, log_every: int = 10, mark_after: int | None 
     """
     from mdtrain.data import load_splits
     from mdtrain.distribute import resolve_global_batch_size
+    from mdtrain.imbalance import class_weights_for
     from mdtrain.loop import ExactTrainer
     from mdtrain.models import build_model
     from mdtrain.sources import ensure_demo_dataset
-    from mdtrain.train import balanced_class_weights
 
     config.validate()
     check_config(config)
@@ -313,36 +323,45 @@ def train(config, resolver=None, *, log_every: int = 10, mark_after: int | None 
     splits = load_splits(data_dir, config.val_data, config.validation_split, config.seed)
     batch = resolve_global_batch_size(1, config.batch_size_per_replica, config.global_batch_size)
     size, classes = config.resolved_image_size, splits.class_names
-    weights = None
-    if config.class_weight == "auto":
-        weights = balanced_class_weights(splits.train.counts(len(classes)))
+    weights = class_weights_for(config.class_weight, splits.train.counts(len(classes)))
     keras.utils.set_random_seed(config.seed)
     with strategy.scope():
         net = build_model(config.model, len(classes), size, config.weights, config.dropout)
         trainer = ExactTrainer(net, class_weights=weights)
         trainer.compile(optimizer=keras.optimizers.Adam(config.learning_rate))
     num_steps = config.epochs * -(-len(splits.train) // batch)
-    print(f"parameter-server training: {workers} worker(s), {servers} ps; {num_steps} steps "
-          f"of {batch} examples, asynchronous", flush=True)  # fmt: skip
+    print(
+        f"parameter-server training: {workers} worker(s), {servers} ps; {num_steps} steps "
+        f"of {batch} examples, asynchronous",
+        flush=True,
+    )
 
     def report(history: PSHistory) -> None:
         if config.verbose:
             done, loss, accuracy = history.steps[-1], history.loss[-1], history.accuracy[-1]
-            print(f"step {done}/{num_steps}: loss {loss:.4f} accuracy {accuracy:.3f} "
-                  f"({history.seconds[-1]:.1f} s)", flush=True)  # fmt: skip
+            print(
+                f"step {done}/{num_steps}: loss {loss:.4f} accuracy {accuracy:.3f} "
+                f"({history.seconds[-1]:.1f} s)",
+                flush=True,
+            )
         if mark_after is not None and history.steps[-1] >= mark_after and mark_file:
             if not Path(mark_file).exists():
                 Path(mark_file).touch()
                 history.events.append(f"step {history.steps[-1]}: drill mark written")
 
     dataset_fn = _dataset_fn(splits, size, batch, config)
-    history = train_steps(strategy, coord, trainer, dataset_fn, num_steps,
-                          log_every=log_every, on_block=report)  # fmt: skip
+    history = train_steps(
+        strategy, coord, trainer, dataset_fn, num_steps, log_every=log_every, on_block=report
+    )
     summary = asdict(history) | {
-        "steps_per_sec": history.steps_per_sec(), "num_workers": workers, "num_ps": servers,
-        "global_batch_size": batch, "num_train": len(splits.train), "class_names": classes,
+        "steps_per_sec": history.steps_per_sec(),
+        "num_workers": workers,
+        "num_ps": servers,
+        "global_batch_size": batch,
+        "num_train": len(splits.train),
+        "class_names": classes,
         "val_accuracy": _val_accuracy(net, _val_ds(splits, size, batch)),
-    }  # fmt: skip
+    }
     if config.output:
         _write_outputs(config.output, net, summary)
     return summary
@@ -403,8 +422,14 @@ def run_local(
     if kill_worker is not None:
         args += ["--mark-after", str(kill_after or 1), "--mark-file", str(out / "mark")]
         kill_worker_when(out / "mark", kill_worker, timeout_s=hang_timeout_s)
-    code = launch(num_workers, args, num_ps=num_ps, log_dir=out / "logs", stream=stream,
-                  hang_timeout_s=hang_timeout_s)  # fmt: skip
+    code = launch(
+        num_workers,
+        args,
+        num_ps=num_ps,
+        log_dir=out / "logs",
+        stream=stream,
+        hang_timeout_s=hang_timeout_s,
+    )
     report = out / "run" / "report.json"
     if code != 0 or not report.exists():
         raise UsageError(f"parameter-server job failed with exit code {code}; logs in {out}")
@@ -424,8 +449,12 @@ def _chief(argv: list[str]) -> int:
     ours, rest = extra.parse_known_args(argv)
     args = build_parser().parse_args(["train", *rest])
     options = {k: v for k, v in vars(args).items() if k not in ("command", "json")}
-    summary = train(TrainConfig(**options), log_every=ours.log_every,
-                    mark_after=ours.mark_after, mark_file=ours.mark_file)  # fmt: skip
+    summary = train(
+        TrainConfig(**options),
+        log_every=ours.log_every,
+        mark_after=ours.mark_after,
+        mark_file=ours.mark_file,
+    )
     if args.json:
         print(json.dumps(summary), flush=True)
     return 0

@@ -120,6 +120,8 @@ def probe(name: str, *, timeout_s: float = 180.0, smoke: bool = False) -> Row:
     """
     if name not in PROBES:
         raise ValueError(f"unknown probe {name!r}; choose one of {PROBES}")
+    if name == "tpu" and not _tpu_hint():  # skip starting TensorFlow to find nothing
+        return Row(name, LABELS[name], status="absent", error=NO_TPU)
     with tempfile.TemporaryDirectory(prefix="mdtrain-probe-") as tmp:
         result = Path(tmp) / "row.json"
         command = [sys.executable, "-m", "mdtrain.strategies", name, "--result", str(result)]
@@ -146,6 +148,17 @@ def probe(name: str, *, timeout_s: float = 180.0, smoke: bool = False) -> Row:
             status="failed",
             error=f"exit code {done.returncode}: {tail[0][:300]}",
         )
+
+
+NO_TPU = "no TPU here (no TPU_NAME, COLAB_TPU_ADDR, /dev/accel0 or /dev/vfio/0)"
+
+
+def _tpu_hint() -> bool:
+    """What `mdtrain.distribute` checks before it asks TensorFlow for a TPU."""
+    names = ("TPU_NAME", "COLAB_TPU_ADDR")
+    return any(os.environ.get(n) for n in names) or any(
+        os.path.exists(p) for p in ("/dev/accel0", "/dev/vfio/0")
+    )
 
 
 def capability_matrix(
