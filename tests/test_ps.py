@@ -1,0 +1,119 @@
+"""mdtrain.ps: parameter-server training on loopback, with real ps, worker and chief processes."""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+from mdtrain import ps
+from mdtrain.errors import UsageError
+from mdtrain.train import TrainConfig
+from tests.conftest import run_mdtrain
+
+
+def test_servers_get_enough_inter_op_threads():
+    assert ps.server_config().inter_op_parallelism_threads >= ps.MIN_INTER_OP_THREADS >= 3
+
+
+@pytest.mark.parametrize(
+    "option, value",
+    [
+        ("deterministic", True),
+        ("backup_dir", "bk"),
+        ("fine_tune_epochs", 1),
+        ("mixed_precision", True),
+    ],
+)
+def test_options_parameter_servers_lack_are_one_line_errors(option, value):
+    with pytest.raises(UsageError, match="07_choosing_a_strategy") as caught:
+        ps.check_config(TrainConfig(**{option: value}))
+    assert "\n" not in str(caught.value)
+
+
+def test_serve_refuses_a_task_that_is_not_ps_or_worker(monkeypatch):
+    cluster = {"chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"], "ps": ["127.0.0.1:3"]}
+    monkeypatch.setenv(
+        "TF_CONFIG", json.dumps({"cluster": cluster, "task": {"type": "chief", "index": 0}})
+    )
+    with pytest.raises(UsageError, match="ps or worker"):
+        ps.serve()
+
+
+def test_chief_bad_input_is_one_line_and_exit_2():
+    done = subprocess.run(
+        [sys.executable, "-m", "mdtrain.ps", "chief", "--deterministic"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
+    )
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines()[-1] == (
+        "mdtrain: error: --deterministic: asynchronous updates cannot be reproduced "
+        "(see notebooks/07_choosing_a_strategy.ipynb)"
+    )
+
+
+def _train_args(data, epochs: int) -> list[str]:
+    return [
+        "--data",
+        str(data),
+        "--image-size",
+        "16",
+        "--global-batch-size",
+        "8",
+        "--epochs",
+        str(epochs),
+        "--learning-rate",
+        "0.01",
+        "--monitor",
+        "none",
+    ]
+
+
+@pytest.mark.slow
+def test_training_goes_on_when_a_worker_is_killed(tiny_dataset):
+    out = io.StringIO()
+    summary = ps.run_local(
+        _train_args(tiny_dataset, 6), log_every=3, kill_worker=1, kill_after=6, stream=out
+    )
+    log = out.getvalue()
+    assert summary["exit_code"] == 0, log
+    assert summary["completed"] == summary["scheduled"] == 6 * 3  # 24 images / 8 per step
+    assert "[launch] worker 1 exited with code -9; the chief reruns its steps" in log, log
+    assert summary["events"] == ["step 6: drill mark written"]
+    assert all(math.isfinite(x) for x in summary["loss"]) and len(summary["loss"]) == 6
+    assert summary["num_workers"] == 2 and summary["num_ps"] == 1
+
+
+@pytest.mark.slow
+def test_cli_launch_ps_trains_and_writes_outputs(tiny_dataset, tmp_path):
+    out = tmp_path / "run"
+    done = run_mdtrain(
+        "launch",
+        "--workers",
+        "2",
+        "--ps",
+        "1",
+        "--log-dir",
+        str(tmp_path / "logs"),
+        "--",
+        *_train_args(tiny_dataset, 4),
+        "--output",
+        str(out),
+        "--json",
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "[chief] parameter-server training: 2 worker(s), 1 ps; 12 steps of 8" in done.stdout
+    report = json.loads((out / "report.json").read_text())
+    assert report["completed"] == report["scheduled"] == 12
+    summary = json.loads(done.stdout.splitlines()[-2].split("] ", 1)[1])  # the chief's --json
+    assert summary["loss"] == report["loss"]
+    assert (out / "model.keras").stat().st_size > 0
+    assert report["loss"][-1] < report["loss"][0], report["loss"]  # it learns
