@@ -39,6 +39,7 @@ import keras
 import numpy as np
 
 from mdtrain.errors import UsageError
+from mdtrain.plan import Position
 
 NET_FILE, STATE_FILE, MANIFEST_FILE = "net.weights.h5", "state.npz", "MANIFEST.json"
 _CKPT = re.compile(r"^ckpt-(\d{5})-(\d{6})$")
@@ -54,6 +55,11 @@ class ResumePoint:
     phase: int = 0
     path: Path | None = None
     fingerprint: dict = field(default_factory=dict)
+
+    @property
+    def position(self) -> Position:
+        """The position as `mdtrain.plan` sees it."""
+        return Position(self.epoch, self.step, self.phase, restorable=self.path is not None)
 
 
 def _sha256(path: Path) -> str:
@@ -127,8 +133,60 @@ def find_resume_point(
     return point
 
 
-def _seed_generators(net: keras.Model) -> list:
-    return [sg for layer in net._flatten_layers() for sg in getattr(layer, "_seed_generators", [])]
+def resume_point(
+    backup_dir: str | os.PathLike | None, fingerprint: dict, chief: bool = True, say=print
+) -> ResumePoint:
+    """The verified backup a run resumes from (the start when none); says one line about it.
+
+    The chief first removes saves that a killed process left unfinished.
+
+    Args:
+        backup_dir: the run's `--backup-dir`, or None (no backups: the start).
+        fingerprint: the run's settings a backup must match.
+        chief: whether this process may remove unfinished saves. Defaults to True.
+        say: prints a line of progress. Defaults to `print`.
+
+    Returns:
+        The `ResumePoint`.
+
+    Raises:
+        UsageError: see `find_resume_point`.
+    """
+    if not backup_dir:
+        return ResumePoint()
+    if chief:
+        for name in remove_unfinished(backup_dir):
+            say(f"backup: removed {name}, a save that a killed process left unfinished")
+    point = find_resume_point(backup_dir, fingerprint)
+    if point.path is not None:
+        where = f"epoch {point.epoch + 1}" + (f", step {point.step + 1}" if point.step else "")
+        print(f"resuming from {point.path} at {where}", flush=True)
+    return point
+
+
+def _rng_state(net: keras.Model) -> list:
+    """The random-number state of `net` (its dropout seed generators).
+
+    Keras documents `Layer.variables` as `weights` plus all other state,
+    random seeds included; the difference is the RNG state. A network with
+    dropout must have some: finding none means Keras moved it, and a resumed
+    run would silently stop being exact.
+    """
+    weights = {id(w) for w in net.weights}
+    state = [v for v in net.variables if id(v) not in weights]
+    if not state and any(isinstance(layer, keras.layers.Dropout) for layer in _all_layers(net)):
+        raise RuntimeError(
+            "mdtrain.backup: this Keras version keeps the dropout seed state outside "
+            "Layer.variables; backups would not resume exactly (report it to mdtrain)"
+        )
+    return state
+
+
+def _all_layers(model: keras.Model):
+    for layer in model.layers:
+        yield layer
+        if isinstance(layer, keras.Model):
+            yield from _all_layers(layer)
 
 
 def restore(trainer, point: ResumePoint, with_optimizer: bool = True) -> None:
@@ -155,14 +213,15 @@ def restore(trainer, point: ResumePoint, with_optimizer: bool = True) -> None:
             f"backup {point.path}: does not fit this model ({type(e).__name__}: {e}); "
             "use another --backup-dir"
         ) from None
-    generators = _seed_generators(net)
-    if len(seeds) != len(generators):
-        raise UsageError(f"backup {point.path}: {len(seeds)} dropout seeds for {len(generators)}")
-    for sg, value in zip(generators, seeds, strict=True):
-        sg.state.assign(value)
+    state = _rng_state(net)
+    if len(seeds) != len(state):
+        raise UsageError(f"backup {point.path}: {len(seeds)} random states for {len(state)}")
+    for variable, value in zip(state, seeds, strict=True):
+        variable.assign(value)
     if with_optimizer:
-        if not trainer.optimizer.built:
-            trainer.optimizer.build(net.trainable_variables)
+        from mdtrain.loop import build_optimizer
+
+        build_optimizer(trainer)
         variables = trainer.optimizer.variables
         if len(variables) != len(optimizer):
             raise UsageError(
@@ -187,7 +246,7 @@ def save(backup_dir: str | os.PathLike, trainer, point: ResumePoint) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix="tmp-", dir=root))
     trainer.net.save_weights(tmp / NET_FILE)
-    seeds = [np.asarray(sg.state.numpy()) for sg in _seed_generators(trainer.net)]
+    seeds = [np.asarray(v.numpy()) for v in _rng_state(trainer.net)]
     optimizer = [np.asarray(v.numpy()) for v in trainer.optimizer.variables]
     arrays = {f"seed_{i}": s for i, s in enumerate(seeds)}
     arrays.update({f"opt_{i}": v for i, v in enumerate(optimizer)})

@@ -211,6 +211,33 @@ def resolve_global_batch_size(
     return global_batch
 
 
+def split_batch(batch_size: int, num_replicas: int) -> list[int]:
+    """Examples each replica gets from one global batch, as `tf.distribute` cuts it.
+
+    Contiguous slices of `ceil(batch_size / num_replicas)`; on a partial batch
+    the last slices are shorter, or empty.
+
+    Example:
+
+    >>> split_batch(5, 4)
+    [2, 2, 1, 0]
+    """
+    per = -(-batch_size // num_replicas)
+    return [max(0, min(per, batch_size - r * per)) for r in range(num_replicas)]
+
+
+def shard_by_batch(dataset: tf.data.Dataset) -> tf.data.Dataset:
+    """`dataset` with the DATA auto-shard policy: each worker keeps its slice of every batch.
+
+    Every worker builds the same globally batched stream, so the global
+    batches are exactly those of one machine (sharding by file would need at
+    least as many files as workers, and would change the batches).
+    """
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
+    return dataset.with_options(options)
+
+
 @dataclass
 class BatchGeometry:
     """How a dataset's examples split into steps and replicas."""
@@ -233,12 +260,7 @@ class BatchGeometry:
 
     def split(self, batch_size: int) -> list[int]:
         """Examples each replica gets from a batch of `batch_size` (uneven when partial)."""
-        per = -(-batch_size // self.num_replicas)
-        sizes, left = [], batch_size
-        for _ in range(self.num_replicas):
-            sizes.append(min(per, left))
-            left -= sizes[-1]
-        return sizes
+        return split_batch(batch_size, self.num_replicas)
 
     def describe(self) -> str:
         """One line for the start of a run."""
@@ -250,3 +272,34 @@ class BatchGeometry:
         if self.last_batch_size != self.global_batch_size:
             text += f"; last batch {self.last_batch_size} split {self.split(self.last_batch_size)}"
         return text
+
+
+def strategy_for_run(strategy: str = "auto") -> tf.distribute.Strategy:
+    """`make_strategy(strategy)`, creating a multi-worker strategy before anything else.
+
+    MultiWorkerMirroredStrategy must configure its collectives before
+    TensorFlow initialises its runtime, which listing logical devices does.
+    """
+    return multiworker_strategy() if strategy == "multiworker" else make_strategy(strategy)
+
+
+def task_id(strategy: tf.distribute.Strategy) -> int:
+    """This process's index among the workers of its cluster (0 outside a cluster)."""
+    resolver = getattr(strategy, "cluster_resolver", None)
+    return int(getattr(resolver, "task_id", 0) or 0)
+
+
+def is_chief(strategy: tf.distribute.Strategy) -> bool:
+    """True unless this is a non-chief worker of a multi-worker cluster (TF_CONFIG or Slurm).
+
+    The chief is the task of type `chief`, or worker 0 when the cluster has no
+    `chief` task; it alone writes outputs and backups and reports progress.
+    """
+    resolver = getattr(strategy, "cluster_resolver", None)
+    cluster = resolver.cluster_spec().as_dict() if resolver is not None else {}
+    if not cluster:
+        return True
+    task_type = resolver.task_type
+    if task_type in (None, "chief"):
+        return True
+    return task_type == "worker" and resolver.task_id == 0 and "chief" not in cluster

@@ -6,7 +6,7 @@ looks at labels: with a rare class, most replicas' slices hold none of it on
 most steps. Two remedies keep the rare classes in the gradient:
 
 - class weights: every example's loss is multiplied by `n / (k × n_c)`
-  (`mdtrain.train.balanced_class_weights`); the data stay as they are;
+  (`balanced_class_weights`); the data stay as they are;
 - balanced resampling (`balanced_dataset`): each class gets its own endless,
   shuffled stream, and the streams are drawn round-robin, so every run of
   `k` consecutive examples holds one of each class. Since the strategy cuts
@@ -30,16 +30,36 @@ import tensorflow as tf
 
 from mdtrain.augment import AugmentPolicy, augment_batch
 from mdtrain.data import ImageList, Splits
+from mdtrain.distribute import shard_by_batch, split_batch
 from mdtrain.errors import UsageError
 from mdtrain.pipeline import AUTOTUNE, decoded_images, epoch_seed
 
 __all__ = [
+    "balanced_class_weights",
     "balanced_dataset",
+    "class_weights_for",
     "make_imbalanced_subset",
     "per_class_recall",
     "replica_class_counts",
     "replica_slices",
 ]
+
+
+def balanced_class_weights(counts: Sequence[int]) -> list[float]:
+    """`n / (k × n_c)` per class: every class contributes equally to the loss.
+
+    Example:
+
+    >>> balanced_class_weights([30, 10])
+    [0.6666666666666666, 2.0]
+    """
+    total, k = sum(counts), len(counts)
+    return [total / (k * c) if c else 0.0 for c in counts]
+
+
+def class_weights_for(mode: str, counts: Sequence[int]) -> list[float] | None:
+    """The class weights `--class-weight MODE` gives: balanced for `auto`, None for `none`."""
+    return balanced_class_weights(counts) if mode == "auto" else None
 
 
 def make_imbalanced_subset(
@@ -99,8 +119,8 @@ def replica_slices(labels: np.ndarray, num_replicas: int) -> list[np.ndarray]:
     Same rule as `tf.distribute` (and `BatchGeometry.split`): contiguous
     slices of `ceil(batch / replicas)`, the last ones shorter or empty.
     """
-    per = -(-len(labels) // num_replicas)
-    return [labels[r * per : (r + 1) * per] for r in range(num_replicas)]
+    ends = np.cumsum([0, *split_batch(len(labels), num_replicas)])
+    return [labels[a:b] for a, b in zip(ends[:-1], ends[1:], strict=True)]
 
 
 def replica_class_counts(
@@ -215,9 +235,7 @@ def balanced_dataset(
             return augment_batch(x, augment, tf.stack([tf.constant(seed, tf.int64), step])), y
 
         ds = ds.enumerate().map(_augment, num_parallel_calls=AUTOTUNE)
-    options = tf.data.Options()
-    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
-    return ds.with_options(options).prefetch(AUTOTUNE)
+    return shard_by_batch(ds).prefetch(AUTOTUNE)
 
 
 def per_class_recall(model, dataset: tf.data.Dataset, num_classes: int) -> np.ndarray:

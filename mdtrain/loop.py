@@ -22,10 +22,12 @@ with the same weights.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import keras
 import tensorflow as tf
 
+from mdtrain.compat import BuildWithoutSampleBatch
 from mdtrain.norm import example_weights
 
 
@@ -38,7 +40,7 @@ def global_example_count(local_batch_size) -> tf.Tensor:
     return ctx.all_reduce(tf.distribute.ReduceOp.SUM, local)
 
 
-def replica_loss(per_example_loss: tf.Tensor, local_count=None) -> tf.Tensor:
+def replica_loss(per_example_loss: tf.Tensor, local_count=None, *, global_count=None) -> tf.Tensor:
     """This replica's share of the global mean loss (see module doc).
 
     Summing `replica_loss` over replicas gives the mean of `per_example_loss`
@@ -49,14 +51,17 @@ def replica_loss(per_example_loss: tf.Tensor, local_count=None) -> tf.Tensor:
         local_count: examples this replica really holds, when
             `per_example_loss` also holds zero-weighted padding. Defaults to
             None (the length of `per_example_loss`).
+        global_count: the global example count when already all-reduced
+            (`global_example_count`). Defaults to None (all-reduced here).
 
     Returns:
         A scalar: local sum / global example count.
     """
-    if local_count is None:
-        local_count = tf.shape(per_example_loss)[0]
-    count = global_example_count(local_count)
-    return tf.reduce_sum(per_example_loss) / tf.maximum(count, 1.0)
+    if global_count is None:
+        if local_count is None:
+            local_count = tf.shape(per_example_loss)[0]
+        global_count = global_example_count(local_count)
+    return tf.reduce_sum(per_example_loss) / tf.maximum(global_count, 1.0)
 
 
 def pad_empty_slice(images: tf.Tensor, labels: tf.Tensor):
@@ -96,18 +101,47 @@ def compiled_step(strategy: tf.distribute.Strategy, step_fn, element_spec):
         element_spec: `element_spec` of the distributed dataset or iterator.
 
     Returns:
-        A `tf.function` taking one distributed batch.
+        A `tf.function` taking one distributed batch and returning what
+        `step_fn` returned on the first local replica.
     """
 
     @tf.function(input_signature=[element_spec])
     def step(batch):
-        strategy.run(step_fn, args=(batch,))
+        outputs = strategy.run(step_fn, args=(batch,))
+        first = strategy.experimental_local_results  # equal on every replica here
+        return tf.nest.map_structure(lambda value: first(value)[0], outputs)
 
     return step
 
 
-class ExactTrainer(keras.Model):
+def build_optimizer(trainer: keras.Model) -> None:
+    """Creates the optimizer's variables now, under the trainer's strategy.
+
+    Slot variables created lazily inside the first compiled step, in a
+    replica context, make later traces fail ("must feed a value for
+    placeholder"), and a restored optimizer state needs them to exist.
+    """
+    if not trainer.optimizer.built:
+        with trainer.distribute_strategy.scope():
+            trainer.optimizer.build(trainer.net.trainable_variables)
+
+
+@dataclass(frozen=True)
+class StepStats:
+    """What the last training step consumed: global examples, and seconds spent waiting for them."""
+
+    batch_size: int
+    input_wait_s: float
+
+
+class ExactTrainer(BuildWithoutSampleBatch, keras.Model):
     """Wraps a classifier with train and test steps that are exact under a strategy.
+
+    `fit` and `custom_fit` run every training step through the same compiled
+    step (`compiled_step`), so they end with the same weights bit for bit.
+    After each step `last_step` holds its real global batch size (all-reduced
+    from the data, right for a partial batch and after a mid-epoch resume)
+    and the seconds the loop waited for the batch; `mdtrain.monitor` reads it.
 
     Args:
         net: the classifier (images in, class probabilities out).
@@ -130,6 +164,34 @@ class ExactTrainer(keras.Model):
         self.per_example_loss = keras.losses.SparseCategoricalCrossentropy(reduction=None)
         self.loss_tracker = keras.metrics.Mean(name="loss")
         self.accuracy_metric = keras.metrics.SparseCategoricalAccuracy(name="accuracy")
+        self.last_step: StepStats | None = None
+        self._steps: dict[str, object] = {}  # compiled steps by element spec
+
+    def compile(self, optimizer="rmsprop", **kwargs):
+        """Keras' `compile`, refusing what the exact steps would silently ignore.
+
+        The loss and metrics are built in (per-example sparse cross-entropy,
+        loss and accuracy); every step runs on its own (no
+        `steps_per_execution`); XLA is off under `tf.distribute`.
+
+        Raises:
+            ValueError: for `loss`, `metrics`, `weighted_metrics`,
+                `loss_weights`, `steps_per_execution` > 1 or `jit_compile=True`.
+        """
+        ignored = [k for k in ("loss", "metrics", "weighted_metrics", "loss_weights")
+                   if kwargs.get(k) is not None]  # fmt: skip
+        if kwargs.get("steps_per_execution", 1) != 1:
+            ignored.append("steps_per_execution")
+        if kwargs.get("jit_compile") is True:
+            ignored.append("jit_compile")
+        if ignored:
+            raise ValueError(
+                f"ExactTrainer.compile: {', '.join(ignored)} cannot be set; the trainer "
+                "has its own loss and metrics and runs one compiled step at a time"
+            )
+        kwargs["jit_compile"] = False
+        super().compile(optimizer=optimizer, **kwargs)
+        self._steps = {}
 
     def call(self, images, training=False):
         return self.net(images, training=training)
@@ -150,18 +212,39 @@ class ExactTrainer(keras.Model):
         return {m.name: m.result() for m in self.metrics}
 
     def train_step(self, data):
+        """One replica's step; returns the global example count of the step."""
         images, labels, weights, count = pad_empty_slice(*data)
+        global_count = global_example_count(count)
         with tf.GradientTape() as tape, example_weights(weights):
             probabilities = self.net(images, training=True)
             losses = self._example_losses(labels, probabilities, weighted=True)
-            loss = replica_loss(losses * weights, count)
+            loss = replica_loss(losses * weights, global_count=global_count)
             # Identity unless mixed float16 wrapped the optimizer in a
             # LossScaleOptimizer, which then unscales in apply().
             scaled = self.optimizer.scale_loss(loss)
         variables = self.net.trainable_variables
         gradients = tape.gradient(scaled, variables)
         self.optimizer.apply(gradients, variables)  # all-reduces (sums) across replicas
-        return self._update_metrics(labels, probabilities, losses, weights)
+        self._update_metrics(labels, probabilities, losses, weights)
+        return global_count
+
+    def train_one_step(self, iterator) -> StepStats:
+        """Fetches one distributed batch from `iterator` and trains on it.
+
+        Raises:
+            StopIteration: when `iterator` is exhausted.
+        """
+        key = repr(iterator.element_spec)
+        if key not in self._steps:
+            build_optimizer(self)
+            self._steps[key] = compiled_step(
+                self.distribute_strategy, self.train_step, iterator.element_spec
+            )
+        start = time.perf_counter()
+        batch = next(iterator)
+        waited = time.perf_counter() - start
+        self.last_step = StepStats(int(self._steps[key](batch)), waited)
+        return self.last_step
 
     def make_train_function(self, force=False):
         # Keras 3's own train function runs each step inside a tf.while_loop over
@@ -170,32 +253,13 @@ class ExactTrainer(keras.Model):
         # and a multi-worker run (which must use `custom_fit`) agree bit for bit.
         if self.train_function is not None and not force:
             return self.train_function
-        steps = {}  # one trace per element spec, reused across epochs and fit calls
 
         def train_function(iterator):
-            key = repr(iterator.element_spec)
-            if key not in steps:
-                steps[key] = compiled_step(
-                    self.distribute_strategy, self.train_step, iterator.element_spec
-                )
-            steps[key](next(iterator))  # StopIteration at the end ends the epoch
+            self.train_one_step(iterator)  # StopIteration at the end ends the epoch
             return self.get_metrics_result()
 
         self.train_function = train_function
         return train_function
-
-    def _maybe_symbolic_build(self, iterator=None, data_batch=None):
-        # Keras 3's fit/evaluate build the model from a sample of the first batch,
-        # reduced across replicas with AddN, which fails when that batch splits
-        # unevenly (keras-team/keras#19246) and under MultiWorkerMirroredStrategy
-        # (keras-team/keras#20585). Once built, only the optimizer's slots are
-        # left to create, and that needs no data.
-        with self.distribute_strategy.scope():
-            if not self.built and getattr(self.net, "inputs", None):
-                self.build(self.net.inputs[0].shape)  # a functional net knows its input
-            if not self.built:
-                return super()._maybe_symbolic_build(iterator, data_batch)
-            self._symbolic_build()
 
     def test_step(self, data):
         images, labels, weights, _ = pad_empty_slice(*data)
@@ -208,6 +272,13 @@ def _results(trainer: keras.Model, prefix: str = "") -> dict[str, float]:
     return {prefix + m.name: float(m.result()) for m in trainer.metrics}
 
 
+def history_rows(history: keras.callbacks.History) -> list[dict[str, float]]:
+    """A `History` as one dict of metrics per epoch."""
+    columns = history.history
+    epochs = len(next(iter(columns.values()), []))
+    return [{name: float(values[i]) for name, values in columns.items()} for i in range(epochs)]
+
+
 def custom_fit(
     trainer: ExactTrainer,
     strategy: tf.distribute.Strategy,
@@ -215,7 +286,6 @@ def custom_fit(
     *,
     epochs: int,
     steps_per_epoch: int,
-    num_examples: int,
     val_ds: tf.data.Dataset | None = None,
     initial_epoch: int = 0,
     callbacks: list | None = None,
@@ -223,10 +293,10 @@ def custom_fit(
 ) -> keras.callbacks.History:
     """Trains with a hand-written `strategy.run` loop; same numerics as `trainer.fit`.
 
-    The loop fetches each distributed batch itself, so it can time how long
-    it waited for input, then runs one compiled step on every replica.
-    Validation runs distributed too. Keras callbacks (checkpoints, early
-    stopping, backups, mdtrain's monitor) work as with `fit`.
+    Each step fetches one distributed batch and runs the trainer's compiled
+    step on every replica (`ExactTrainer.train_one_step`). Validation runs
+    distributed too. Keras callbacks (checkpoints, early stopping, backups,
+    mdtrain's monitor) work as with `fit`.
 
     Args:
         trainer: a compiled `ExactTrainer`, created under `strategy.scope()`.
@@ -235,7 +305,6 @@ def custom_fit(
             back to back (`InputData.train_epochs`).
         epochs: index of the epoch to stop before.
         steps_per_epoch: steps in one epoch.
-        num_examples: training examples per epoch (gives the last batch's size).
         val_ds: globally batched validation data. Defaults to None.
         initial_epoch: first epoch to run. Defaults to 0.
         callbacks: Keras callbacks. Defaults to None.
@@ -246,14 +315,8 @@ def custom_fit(
     """
     train_dist = strategy.experimental_distribute_dataset(train_ds)
     val_dist = strategy.experimental_distribute_dataset(val_ds) if val_ds is not None else None
-
-    train_step = compiled_step(strategy, trainer.train_step, train_dist.element_spec)
     if val_dist is not None:
         test_step = compiled_step(strategy, trainer.test_step, val_dist.element_spec)
-
-    global_batch = -(-num_examples // steps_per_epoch)
-    batch_sizes = [global_batch] * (steps_per_epoch - 1)
-    batch_sizes.append(num_examples - global_batch * (steps_per_epoch - 1))
     history = keras.callbacks.History()
     cbs = keras.callbacks.CallbackList(
         [*(callbacks or []), history],
@@ -263,11 +326,6 @@ def custom_fit(
         epochs=epochs,
         steps=steps_per_epoch,
     )
-    if not trainer.optimizer.built:
-        # Slot variables created inside the first compiled step, in a replica
-        # context, make later traces fail ("must feed a value for placeholder").
-        with strategy.scope():
-            trainer.optimizer.build(trainer.net.trainable_variables)
     trainer.stop_training = False
     iterator = iter(train_dist)
     cbs.on_train_begin()
@@ -276,15 +334,9 @@ def custom_fit(
         trainer.reset_metrics()
         cbs.on_epoch_begin(epoch)
         for step in range(steps_per_epoch):
-            start = time.perf_counter()
-            batch = next(iterator)
-            waited = time.perf_counter() - start
             cbs.on_train_batch_begin(step)
-            train_step(batch)
-            logs = _results(trainer)
-            cbs.on_train_batch_end(
-                step, {**logs, "batch_size": batch_sizes[step], "input_wait_s": waited}
-            )
+            trainer.train_one_step(iterator)
+            cbs.on_train_batch_end(step, _results(trainer))
         logs = _results(trainer)
         if val_dist is not None:
             trainer.reset_metrics()

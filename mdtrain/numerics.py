@@ -20,6 +20,7 @@ be configured (`configure_devices("cpu:4")`) before TensorFlow starts.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -27,6 +28,9 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from mdtrain.compat import fresh_collective_keys
+from mdtrain.distribute import shard_by_batch
+from mdtrain.errors import UsageError
 from mdtrain.loop import ExactTrainer, custom_fit
 from mdtrain.models import build_model
 
@@ -56,10 +60,9 @@ def fixed_dataset(
     rng = np.random.default_rng(seed)
     images = rng.integers(0, 256, (num_examples, image_size, image_size, 3), dtype=np.uint8)
     labels = rng.integers(0, num_classes, num_examples).astype(np.int32)
-    ds = tf.data.Dataset.from_tensor_slices((images, labels)).batch(global_batch_size)
-    options = tf.data.Options()
-    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
-    return ds.with_options(options)
+    return shard_by_batch(
+        tf.data.Dataset.from_tensor_slices((images, labels)).batch(global_batch_size)
+    )
 
 
 def _dataset_shape(dataset: tf.data.Dataset) -> tuple[int, int, int]:
@@ -162,7 +165,7 @@ def train_weights(
     """
     if loss not in LOSSES or loop not in LOOPS:
         raise ValueError(f"loss must be one of {LOSSES} and loop one of {LOOPS}")
-    image_size, steps, num_examples = _dataset_shape(dataset)
+    image_size, steps, _ = _dataset_shape(dataset)
     global_batch_size = global_batch_size or int(next(iter(dataset))[1].shape[0])
     with strategy.scope():
         net = _build_net(model, image_size, num_classes, seed)
@@ -190,7 +193,6 @@ def train_weights(
             dataset.repeat(epochs),
             epochs=epochs,
             steps_per_epoch=steps,
-            num_examples=num_examples,
             verbose=0,
         )
     return net.get_weights()
@@ -218,6 +220,30 @@ def max_relative_difference(weights_a: Sequence, weights_b: Sequence) -> float:
         scale = max(float(np.max(np.abs(b))), 1e-12) if b.size else 1.0
         worst = max(worst, float(np.max(np.abs(a - b), initial=0.0)) / scale)
     return worst
+
+
+def max_weight_difference(model_a: str | os.PathLike, model_b: str | os.PathLike) -> float:
+    """`max_relative_difference` between two saved models' weights (0.0: identical).
+
+    Args:
+        model_a: a `.keras` file, e.g. `runs/a/model.keras`.
+        model_b: the reference `.keras` file, with the same architecture.
+
+    Returns:
+        The largest relative difference over all weight tensors.
+
+    Raises:
+        UsageError: if the files hold different models.
+
+    Example:
+        >>> max_weight_difference("runs/a/model.keras", "runs/b/model.keras")  # doctest: +SKIP
+        0.0
+    """
+    a, b = (keras.saving.load_model(f, compile=False) for f in (model_a, model_b))
+    shapes = [[w.shape for w in m.get_weights()] for m in (a, b)]
+    if shapes[0] != shapes[1] or not shapes[0]:
+        raise UsageError(f"{model_a} and {model_b} hold different models")
+    return max_relative_difference(a.get_weights(), b.get_weights())
 
 
 @dataclass
@@ -322,8 +348,7 @@ def side_by_side_strategies(
         if n == 1:
             strategies[n] = tf.distribute.OneDeviceStrategy("/cpu:0")
             continue
-        tf.distribute.MirroredStrategy._collective_key_base += 100_000
+        fresh_collective_keys()
         strategies[n] = tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(n)])
-    # Strategies made later (make_strategy, train) get a fresh key range too.
-    tf.distribute.MirroredStrategy._collective_key_base += 100_000
+    fresh_collective_keys()  # strategies made later (make_strategy, train) get their own too
     return strategies

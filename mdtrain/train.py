@@ -12,7 +12,6 @@ import json
 import os
 import shutil
 import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -161,12 +160,6 @@ class TrainResult:
         }
 
 
-def balanced_class_weights(counts: list[int]) -> list[float]:
-    """`n / (k × n_c)` per class: every class contributes equally to the loss."""
-    total, k = sum(counts), len(counts)
-    return [total / (k * c) if c else 0.0 for c in counts]
-
-
 def _say(config: TrainConfig, text: str) -> None:
     if config.verbose:
         print(text, flush=True)
@@ -196,286 +189,221 @@ def train(config: TrainConfig, callbacks: list | None = None) -> TrainResult:
     >>> result.history[-1]["val_accuracy"]
     """
     config.validate()
-    from mdtrain.distribute import configure_devices
-
-    configure_devices(config.strategy)
-    import keras
-    import tensorflow as tf
-
-    from mdtrain.augment import AugmentPolicy
-    from mdtrain.backup import Backup, remove_backups, restore
-    from mdtrain.data import load_splits
-    from mdtrain.distribute import (
-        BatchGeometry,
-        make_strategy,
-        multiworker_strategy,
-        resolve_global_batch_size,
-    )
-    from mdtrain.loop import ExactTrainer, custom_fit
-    from mdtrain.models import build_model, unfreeze_top
-    from mdtrain.pipeline import InputData
-    from mdtrain.sources import ensure_demo_dataset
-
-    # First: MultiWorkerMirroredStrategy must configure collectives before TensorFlow
-    # initialises its runtime (make_strategy lists logical devices, which does).
-    if config.strategy == "multiworker":
-        strategy = multiworker_strategy()
-    else:
-        strategy = make_strategy(config.strategy)
-    keras.utils.set_random_seed(config.seed)
-    if config.deterministic:
-        tf.config.experimental.enable_op_determinism()
-    data_dir = config.data if config.data is not None else str(ensure_demo_dataset())
-    splits = load_splits(data_dir, config.val_data, config.validation_split, config.seed)
-    replicas = strategy.num_replicas_in_sync
-    global_batch = resolve_global_batch_size(
-        replicas, config.batch_size_per_replica, config.global_batch_size
-    )
-    image_size = config.resolved_image_size
-    inputs = InputData(
-        splits,
-        image_size,
-        global_batch,
-        seed=config.seed,
-        augment=AugmentPolicy() if config.augment else None,
-        cache=config.cache,
-        deterministic=config.deterministic,
-    )
-    geometry = BatchGeometry(inputs.num_train, global_batch, replicas)
-    chief = _is_chief(strategy)
-    loop = config.loop
-    if loop == "fit" and isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
-        # Keras 3's fit reduces a sample batch across workers before training and fails
-        # under this strategy (keras-team/keras#20585); the custom loop has the same numerics.
-        loop = "custom"
-        _say(config, "multi-worker: using the custom training loop (Keras 3's fit cannot run here)")
-    if not chief:  # every worker prints its geometry; only the chief reports progress
-        config = dataclasses.replace(config, verbose=0)
-        print(f"worker {_task_id(strategy)}: {geometry.describe()}", flush=True)
-    _say(
-        config,
-        f"strategy {type(strategy).__name__} with {replicas} replica(s): {geometry.describe()}",
-    )
-    _say(
-        config,
-        f"data {data_dir}: {len(splits.class_names)} classes, {inputs.num_train} train, "
-        f"{inputs.num_val} validation, {len(splits.skipped)} unreadable file(s) skipped",
-    )
-    for s in splits.skipped[:10]:
-        _say(config, f"  skipped {s.path}: {s.reason}")
-
-    policy = keras.mixed_precision.dtype_policy()
-    if config.mixed_precision:
-        # float16 needs loss scaling and pays off on GPUs; bfloat16 on CPU/TPU needs none.
-        on_gpu = bool(tf.config.list_logical_devices("GPU"))
-        keras.mixed_precision.set_dtype_policy("mixed_float16" if on_gpu else "mixed_bfloat16")
-    class_weights = None
-    if config.class_weight == "auto":
-        class_weights = balanced_class_weights(splits.train.counts(len(splits.class_names)))
-    try:
-        with strategy.scope():
-            net = build_model(
-                config.model, len(splits.class_names), image_size, config.weights, config.dropout
-            )
-            trainer = ExactTrainer(net, class_weights)
-            trainer.build((None, image_size, image_size, 3))
-    finally:
-        keras.mixed_precision.set_dtype_policy(policy)
-
-    extra = list(callbacks or [])
-    from mdtrain.monitor import make_monitor
-
-    monitor = make_monitor(
-        global_batch,
-        epochs=config.epochs + config.fine_tune_epochs,
-        steps_per_epoch=inputs.steps_per_epoch,
-        display=config.monitor if chief else "none",
-    )
-    extra.append(monitor)
-    # What gives a saved position its meaning; a backup made under other values is refused.
-    fingerprint = dict(
-        model=config.model,
-        image_size=image_size,
-        class_names=splits.class_names,
-        num_train=inputs.num_train,
-        global_batch_size=global_batch,
-        seed=config.seed,
-    )
-    point = _resume_point(config, fingerprint, chief, replicas)
-    phases = [(0, config.epochs, config.learning_rate, False)]
-    if config.fine_tune_epochs:
-        total = config.epochs + config.fine_tune_epochs
-        phases.append((config.epochs, total, config.learning_rate / 10, True))
-    history: list[dict[str, float]] = []
-    started = time.perf_counter()
-    start_epoch = point.epoch
-    for phase, (first, last, lr, fine_tune) in enumerate(phases):
-        if last <= start_epoch:
-            continue
-        with strategy.scope():
-            if fine_tune:
-                n = unfreeze_top(net)
-                _say(
-                    config,
-                    f"fine-tuning: {n} top layers of the base unfrozen, learning rate {lr:g}",
-                )
-            # Cosine decay to a tenth over the phase: large steps early, and a
-            # settled model (and BatchNorm statistics) by the last epoch.
-            schedule = keras.optimizers.schedules.CosineDecay(
-                lr, decay_steps=(last - first) * inputs.steps_per_epoch, alpha=0.1
-            )
-            trainer.compile(optimizer=keras.optimizers.Adam(schedule))
-            if point.path is not None and first <= start_epoch:  # the phase the backup is in
-                restore(trainer, point, with_optimizer=point.phase == phase)
-        first = max(first, start_epoch)
-        segments = []  # (first epoch, train_ds, steps per epoch, steps already done)
-        if first == point.epoch and point.step:
-            # Mid-epoch resume: the rest of that epoch's batches, with their original
-            # step numbers (augmentation seeds), then the remaining whole epochs.
-            rest = inputs.train_epochs(first, first + 1).skip(point.step)
-            segments.append((first, rest, inputs.steps_per_epoch - point.step, point.step))
-            first += 1
-        if first < last:
-            segments.append((first, inputs.train_epochs(first, last), inputs.steps_per_epoch, 0))
-        for seg_first, train_ds, steps, done in segments:
-            seg_last = seg_first + 1 if done else last
-            run_callbacks = list(extra)
-            if config.backup_dir:
-                run_callbacks.append(
-                    Backup(
-                        config.backup_dir,
-                        fingerprint,
-                        phase,
-                        inputs.steps_per_epoch,
-                        config.backup_every_steps,
-                        step_offset=done,
-                        write=chief,
-                    )
-                )
-            run_kwargs = dict(
-                epochs=seg_last,
-                steps_per_epoch=steps,
-                callbacks=run_callbacks,
-                initial_epoch=seg_first,
-                verbose=config.verbose,
-            )
-            if loop == "fit":
-                # shuffle=False: the dataset is shuffled already, per epoch, by seed
-                hist = trainer.fit(
-                    train_ds, validation_data=inputs.val_ds, shuffle=False, **run_kwargs
-                )
-            else:
-                hist = custom_fit(
-                    trainer,
-                    strategy,
-                    train_ds,
-                    val_ds=inputs.val_ds,
-                    num_examples=inputs.num_train,
-                    **run_kwargs,
-                )
-            keys = list(hist.history)
-            history += (
-                [
-                    {k: float(hist.history[k][i]) for k in keys}
-                    for i in range(len(hist.history[keys[0]]))
-                ]
-                if keys
-                else []
-            )
-    elapsed = time.perf_counter() - started
-
-    summary = monitor.summary()
-    images_per_sec = summary.images_per_sec or inputs.num_train * max(len(history), 1) / elapsed
-    result = TrainResult(
-        config=config,
-        replicas=replicas,
-        global_batch_size=global_batch,
-        num_train=inputs.num_train,
-        num_val=inputs.num_val,
-        class_names=splits.class_names,
-        history=history,
-        images_per_sec=float(images_per_sec),
-        skipped_files=[vars(s) for s in splits.skipped],
-        output=config.output,
-        model=net,
-        monitor_summary=summary.to_dict(),
-        is_chief=chief,
-    )
+    run = _Run(config)
+    result = run.execute(callbacks or [])
     if config.output:
-        _write_outputs(result, chief)
-    if config.backup_dir and chief:  # finished: the outputs now hold the result
+        _write_outputs(result, run.chief)
+    if config.backup_dir and run.chief:  # finished: the outputs now hold the result
+        from mdtrain.backup import remove_backups
+
         remove_backups(config.backup_dir)
     return result
 
 
-def _resume_point(config: TrainConfig, fingerprint: dict, chief: bool, replicas: int):
-    """The verified backup to resume from (epoch 0 when none); prints one line about it."""
-    from mdtrain.backup import ResumePoint, find_resume_point, remove_unfinished
+class _Run:
+    """The runner: sets a run up, then carries out its plan (`mdtrain.plan`) segment by segment."""
 
-    if not config.backup_dir:
-        return ResumePoint()
-    if chief:
-        for name in remove_unfinished(config.backup_dir):
-            _say(config, f"backup: removed {name}, a save that a killed process left unfinished")
-    point = find_resume_point(config.backup_dir, fingerprint)
-    if point.path is not None:
-        where = f"epoch {point.epoch + 1}" + (f", step {point.step + 1}" if point.step else "")
-        print(f"resuming from {point.path} at {where}", flush=True)
-    return point
+    def __init__(self, config: TrainConfig):
+        from mdtrain.distribute import configure_devices
 
+        configure_devices(config.strategy)
+        import keras
+        import tensorflow as tf
 
-def saved_weights(model_file: str | os.PathLike) -> dict:
-    """Every weight array stored in a `.keras` file, by its path inside the file."""
-    import io
-    import zipfile
+        from mdtrain.distribute import BatchGeometry, is_chief, strategy_for_run, task_id
 
-    import h5py
+        self.strategy = strategy_for_run(config.strategy)  # first: multi-worker setup
+        keras.utils.set_random_seed(config.seed)
+        if config.deterministic:
+            tf.config.experimental.enable_op_determinism()
+        self.chief = is_chief(self.strategy)
+        self.config = config if self.chief else dataclasses.replace(config, verbose=0)
+        self.inputs = self._input_data()
+        self.geometry = BatchGeometry(
+            self.inputs.num_train, self.inputs.global_batch_size, self.replicas
+        )
+        if not self.chief:  # every worker prints its geometry; only the chief reports progress
+            print(f"worker {task_id(self.strategy)}: {self.geometry.describe()}", flush=True)
+        self.loop = self._choose_loop()
+        self._describe()
+        self.trainer = self._build_trainer()
 
-    with zipfile.ZipFile(model_file) as z:
-        h5 = h5py.File(io.BytesIO(z.read("model.weights.h5")))
-        out = {}
+    @property
+    def replicas(self) -> int:
+        return self.strategy.num_replicas_in_sync
 
-        def keep(name, item) -> None:  # visititems stops at the first non-None return
-            if isinstance(item, h5py.Dataset):
-                out[name] = item[()]
+    def _input_data(self):
+        from mdtrain.augment import AugmentPolicy
+        from mdtrain.data import load_splits
+        from mdtrain.distribute import resolve_global_batch_size
+        from mdtrain.pipeline import InputData
+        from mdtrain.sources import ensure_demo_dataset
 
-        h5.visititems(keep)
-        return out
+        config = self.config
+        self.data_dir = config.data if config.data is not None else str(ensure_demo_dataset())
+        self.splits = load_splits(
+            self.data_dir, config.val_data, config.validation_split, config.seed
+        )
+        global_batch = resolve_global_batch_size(
+            self.replicas, config.batch_size_per_replica, config.global_batch_size
+        )
+        return InputData(
+            self.splits,
+            config.resolved_image_size,
+            global_batch,
+            seed=config.seed,
+            augment=AugmentPolicy() if config.augment else None,
+            cache=config.cache,
+            deterministic=config.deterministic,
+        )
 
+    def _choose_loop(self) -> str:
+        import tensorflow as tf
 
-def max_weight_difference(model_a: str | os.PathLike, model_b: str | os.PathLike) -> float:
-    """Largest relative difference between two saved models' weights (0.0: identical).
+        if self.config.loop == "fit" and isinstance(
+            self.strategy, tf.distribute.MultiWorkerMirroredStrategy
+        ):
+            # Keras 3's fit reduces a sample batch across workers before training and fails
+            # under this strategy (keras-team/keras#20585); the custom loop has the same numerics.
+            self._say("multi-worker: using the custom training loop (Keras 3's fit fails here)")
+            return "custom"
+        return self.config.loop
 
-    Per array: max |a - b| / max |a|; the maximum over all arrays.
+    def _describe(self) -> None:
+        config, splits = self.config, self.splits
+        _say(config, f"strategy {type(self.strategy).__name__} with {self.replicas} replica(s): "
+                     f"{self.geometry.describe()}")  # fmt: skip
+        _say(
+            config,
+            f"data {self.data_dir}: {len(splits.class_names)} classes, {self.inputs.num_train} "
+            f"train, {self.inputs.num_val} validation, {len(splits.skipped)} unreadable file(s) "
+            "skipped",
+        )
+        for s in splits.skipped[:10]:
+            _say(config, f"  skipped {s.path}: {s.reason}")
 
-    Example:
-        >>> max_weight_difference("runs/a/model.keras", "runs/b/model.keras")  # doctest: +SKIP
-        0.0
-    """
-    import numpy as np
+    def _build_trainer(self):
+        import keras
 
-    a, b = saved_weights(model_a), saved_weights(model_b)
-    if a.keys() != b.keys() or not a:
-        raise UsageError(f"{model_a} and {model_b} hold different models")
-    return max(
-        float(np.max(np.abs(a[k] - b[k])) / max(float(np.max(np.abs(a[k]))), 1e-12)) for k in a
-    )
+        from mdtrain.imbalance import class_weights_for
+        from mdtrain.loop import ExactTrainer
+        from mdtrain.models import build_model
+        from mdtrain.precision import choose_policy, local_device_kinds
 
+        config, size = self.config, self.config.resolved_image_size
+        class_weights = class_weights_for(
+            config.class_weight, self.splits.train.counts(len(self.splits.class_names))
+        )
+        previous = keras.mixed_precision.dtype_policy()
+        mode = "auto" if config.mixed_precision else "float32"  # auto: float16 on GPUs only
+        keras.mixed_precision.set_dtype_policy(choose_policy(mode, local_device_kinds()))
+        try:
+            with self.strategy.scope():
+                net = build_model(config.model, len(self.splits.class_names), size,
+                                  config.weights, config.dropout)  # fmt: skip
+                trainer = ExactTrainer(net, class_weights)
+                trainer.build((None, size, size, 3))
+        finally:
+            keras.mixed_precision.set_dtype_policy(previous)
+        return trainer
 
-def _task_id(strategy) -> int:
-    resolver = getattr(strategy, "cluster_resolver", None)
-    return int(getattr(resolver, "task_id", 0) or 0)
+    def fingerprint(self) -> dict:
+        """What gives a saved position its meaning; a backup made under other values is refused."""
+        return dict(
+            model=self.config.model,
+            image_size=self.config.resolved_image_size,
+            class_names=self.splits.class_names,
+            num_train=self.inputs.num_train,
+            global_batch_size=self.inputs.global_batch_size,
+            seed=self.config.seed,
+        )
 
+    def execute(self, callbacks: list) -> TrainResult:
+        from mdtrain.backup import resume_point
+        from mdtrain.monitor import make_monitor
+        from mdtrain.plan import plan_run
 
-def _is_chief(strategy) -> bool:
-    """True unless this is a non-chief worker of a multi-worker cluster (TF_CONFIG or Slurm)."""
-    resolver = getattr(strategy, "cluster_resolver", None)
-    if resolver is None or not resolver.cluster_spec().as_dict():
-        return True
-    task_type, task_id = resolver.task_type, resolver.task_id
-    return task_type in (None, "chief") or (
-        task_type == "worker" and task_id == 0 and "chief" not in resolver.cluster_spec().as_dict()
-    )
+        config = self.config
+        monitor = make_monitor(
+            self.inputs.global_batch_size,
+            epochs=config.epochs + config.fine_tune_epochs,
+            steps_per_epoch=self.inputs.steps_per_epoch,
+            display=config.monitor if self.chief else "none",
+        )
+        point = resume_point(config.backup_dir, self.fingerprint(), self.chief, say=self._say)
+        segments = plan_run(config.epochs, config.fine_tune_epochs, config.learning_rate,
+                            self.inputs.steps_per_epoch, point.position)  # fmt: skip
+        history: list[dict[str, float]] = []
+        with monitor.run():  # one run's figures across phases and resume segments
+            for segment in segments:
+                history += self._run_segment(segment, point, [*callbacks, monitor])
+        summary = monitor.summary()
+        return TrainResult(
+            config=config,
+            replicas=self.replicas,
+            global_batch_size=self.inputs.global_batch_size,
+            num_train=self.inputs.num_train,
+            num_val=self.inputs.num_val,
+            class_names=self.splits.class_names,
+            history=history,
+            images_per_sec=float(summary.images_per_sec or 0.0),
+            skipped_files=[vars(s) for s in self.splits.skipped],
+            output=config.output,
+            model=self.trainer.net,
+            monitor_summary=summary.to_dict(),
+            is_chief=self.chief,
+        )
+
+    def _say(self, text: str) -> None:
+        _say(self.config, text)
+
+    def _start_phase(self, segment) -> None:
+        import keras
+
+        from mdtrain.models import unfreeze_top
+
+        with self.strategy.scope():
+            if segment.fine_tune:
+                n = unfreeze_top(self.trainer.net)
+                self._say(f"fine-tuning: {n} top layers of the base unfrozen, "
+                          f"learning rate {segment.learning_rate:g}")  # fmt: skip
+            # Cosine decay to a tenth over the phase: large steps early, and a
+            # settled model (and BatchNorm statistics) by the last epoch.
+            schedule = keras.optimizers.schedules.CosineDecay(
+                segment.learning_rate, decay_steps=segment.decay_steps, alpha=0.1
+            )
+            self.trainer.compile(optimizer=keras.optimizers.Adam(schedule))
+
+    def _run_segment(self, segment, point, callbacks: list) -> list[dict[str, float]]:
+        """Runs one segment of the plan; returns its per-epoch history."""
+        from mdtrain.backup import Backup, restore
+        from mdtrain.loop import custom_fit, history_rows
+
+        config, inputs = self.config, self.inputs
+        if segment.starts_phase:
+            self._start_phase(segment)
+        if segment.restore:
+            restore(self.trainer, point, with_optimizer=segment.restore_optimizer)
+        train_ds = inputs.train_epochs(segment.first_epoch, segment.last_epoch)
+        if segment.skip_steps:  # their original step numbers keep their augmentation seeds
+            train_ds = train_ds.skip(segment.skip_steps)
+        if config.backup_dir:
+            callbacks = [*callbacks, Backup(
+                config.backup_dir, self.fingerprint(), segment.phase, inputs.steps_per_epoch,
+                config.backup_every_steps, step_offset=segment.skip_steps, write=self.chief,
+            )]  # fmt: skip
+        run = dict(
+            epochs=segment.last_epoch,
+            initial_epoch=segment.first_epoch,
+            steps_per_epoch=segment.steps(inputs.steps_per_epoch),
+            callbacks=callbacks,
+            verbose=config.verbose,
+        )
+        if self.loop == "fit":  # shuffle=False: the dataset is shuffled already, per epoch
+            hist = self.trainer.fit(train_ds, validation_data=inputs.val_ds, shuffle=False, **run)
+        else:
+            hist = custom_fit(self.trainer, self.strategy, train_ds, val_ds=inputs.val_ds, **run)
+        return history_rows(hist)
 
 
 def _write_outputs(result: TrainResult, chief: bool) -> None:

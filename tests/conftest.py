@@ -40,6 +40,24 @@ def messy_dataset(tmp_path_factory, tiny_dataset) -> Path:
     return root
 
 
+def pytest_configure(config):
+    """Four virtual CPU devices for every in-process TensorFlow test, made before TensorFlow starts.
+
+    Virtual devices can only be configured once per process, before any
+    TensorFlow work; doing it here lets any test build a `cpu:2` or `cpu:4`
+    MirroredStrategy in this process, whatever ran before it.
+    """
+    from mdtrain.distribute import configure_devices
+
+    configure_devices("cpu:4")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:  # nbval's items: `-m "not notebooks"` leaves them out
+        if item.path.suffix == ".ipynb":
+            item.add_marker(pytest.mark.notebooks)
+
+
 def run_mdtrain(*args: str, timeout: float = 600, env: dict | None = None, cwd=None):
     """Runs `python -m mdtrain ARGS` in a fresh process; returns the CompletedProcess."""
     full_env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})}

@@ -15,16 +15,12 @@ IMAGE_SIZE = 16
 
 @pytest.fixture(scope="module")
 def strategy():
-    """A 2-replica MirroredStrategy on virtual CPUs (skipped if TF started with fewer)."""
-    from mdtrain.distribute import configure_devices
+    """A 2-replica MirroredStrategy on the virtual CPUs conftest configures."""
+    from mdtrain.compat import fresh_collective_keys
+    from mdtrain.distribute import make_strategy
 
-    try:
-        configure_devices("cpu:2")
-    except UsageError as e:
-        pytest.skip(str(e))
-    import tensorflow as tf
-
-    return tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    fresh_collective_keys()
+    return make_strategy("cpu:2")
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +62,7 @@ def test_subset_rejects_impossible_counts(splits):
 
 
 def test_balanced_class_weights():
-    from mdtrain.train import balanced_class_weights
+    from mdtrain.imbalance import balanced_class_weights
 
     weights = balanced_class_weights(COUNTS)
     np.testing.assert_allclose(weights, [21 / (5 * c) for c in COUNTS])
@@ -149,9 +145,8 @@ def test_per_class_recall():
 
 
 def test_fit_and_score_runs_weighted(strategy, subset):
-    from mdtrain.imbalance import balanced_dataset, fit_and_score
+    from mdtrain.imbalance import balanced_class_weights, balanced_dataset, fit_and_score
     from mdtrain.pipeline import InputData
-    from mdtrain.train import balanced_class_weights
 
     val_ds = InputData(subset, IMAGE_SIZE, 8, augment=None).val_ds
     recall, history = fit_and_score(

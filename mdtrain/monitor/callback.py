@@ -6,6 +6,7 @@ exposes it lazily so the samplers stay importable without TensorFlow.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 from typing import TextIO
@@ -21,12 +22,13 @@ from mdtrain.monitor.throughput import ThroughputMeter
 class MonitorCallback(keras.callbacks.Callback):
     """Measures images/sec, step time and input wait; samples GPUs and CPU.
 
-    Images are counted on the GLOBAL batch (all replicas). A custom loop
-    passes, in ``on_train_batch_end`` logs, ``batch_size`` (global examples in
-    that step, so a partial last batch counts true) and ``input_wait_s``
-    (seconds blocked on ``next(iterator)`` before that step). Under
-    ``model.fit`` neither exists: every step counts ``global_batch_size`` and
-    the wait share is ``None``; the verdict then rests on GPU utilisation.
+    Images are counted on the GLOBAL batch (all replicas). A model that
+    records its last step as ``model.last_step`` (mdtrain's `ExactTrainer`
+    does, under ``fit`` and its custom loop: ``batch_size``, the global
+    examples of the step, right for a partial batch, and ``input_wait_s``,
+    seconds blocked on the input before it) gets exact counts and an input-wait
+    share. For any other model every step counts ``global_batch_size`` and the
+    wait share is ``None``; the verdict then rests on GPU utilisation.
 
     Args:
         global_batch_size: Examples per step over all replicas.
@@ -86,6 +88,7 @@ class MonitorCallback(keras.callbacks.Callback):
         self._training = False
         self._shell = None
         self._owns_dashboard = False
+        self._in_run = False
 
     # Progress figures: the constructor wins, else what fit()/CallbackList passed.
     @property
@@ -98,7 +101,32 @@ class MonitorCallback(keras.callbacks.Callback):
         """Steps per epoch, if known."""
         return self._steps or (self.params or {}).get("steps")
 
+    @contextlib.contextmanager
+    def run(self):
+        """Makes every `fit` call inside the block one run: figures add up, one summary at the end.
+
+        A run with phases (training, fine-tuning) or resume segments calls
+        `fit` several times; without this block each call would start the
+        figures afresh.
+
+        Example:
+
+        >>> with monitor.run():  # doctest: +SKIP
+        ...     model.fit(train_ds, epochs=3, callbacks=[monitor])
+        ...     model.fit(train_ds, initial_epoch=3, epochs=5, callbacks=[monitor])
+        """
+        self._in_run = False
+        self.on_train_begin()
+        self._in_run = True
+        try:
+            yield self
+        finally:
+            self._in_run = False
+            self.on_train_end()
+
     def on_train_begin(self, logs=None):
+        if self._in_run:
+            return  # one more fit call of a run already going
         self._finish()  # a previous run that raised before on_train_end
         self.meter = ThroughputMeter(self.global_batch_size, warmup_steps=self._warmup_steps)
         self._summary = None
@@ -125,13 +153,14 @@ class MonitorCallback(keras.callbacks.Callback):
         self.meter.batch_begin(batch)
 
     def on_train_batch_end(self, batch, logs=None):
-        logs = logs or {}
-        size = logs.get("batch_size")
-        wait = logs.get("input_wait_s")
+        # mdtrain's ExactTrainer (under fit and the custom loop alike) records the
+        # step's real global batch size and its input wait; other models leave
+        # both unknown.
+        step = getattr(self.model, "last_step", None)
         self.meter.batch_end(
             batch,
-            int(size) if size is not None else None,
-            float(wait) if wait is not None else None,
+            step.batch_size if step is not None else None,
+            step.input_wait_s if step is not None else None,
         )
 
     def on_epoch_end(self, epoch, logs=None):
@@ -140,6 +169,8 @@ class MonitorCallback(keras.callbacks.Callback):
             self._print(epoch_line(epoch, self.epochs, self.meter.epoch_rates(), util))
 
     def on_train_end(self, logs=None):
+        if self._in_run:
+            return
         self._finish()
         if self.display != "none":
             self._print(format_summary(self.summary()))

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-INPUT_BOUND_SHARE = 0.20
+# TensorFlow's profiler calls a program HIGHLY input-bound from 20% of step time
+# spent waiting for input, MODERATELY from 5% (its input-pipeline analyzer).
+HIGHLY_INPUT_BOUND_SHARE = 0.20
+MODERATELY_INPUT_BOUND_SHARE = 0.05
 BUSY_UTILIZATION = 70.0
 IDLE_UTILIZATION = 40.0
 
@@ -11,7 +14,6 @@ def verdict(
     input_wait_share: float | None,
     gpu_utilization: float | None,
     *,
-    input_bound_share: float = INPUT_BOUND_SHARE,
     busy_utilization: float = BUSY_UTILIZATION,
     idle_utilization: float = IDLE_UTILIZATION,
 ) -> str:
@@ -19,17 +21,16 @@ def verdict(
 
     The first word is one of ``input-bound``, ``compute-bound``,
     ``under-used`` or ``unknown``, so code can branch on it. The input-wait
-    share is the direct evidence; GPU utilisation stands in for it under
-    ``model.fit``, where Keras fetches inside its compiled step and no wait
-    figure exists.
+    share is the direct evidence, judged with the thresholds of TensorFlow's
+    profiler: highly input-bound from 20%, moderately from 5%. Below that,
+    GPU utilisation tells compute-bound from under-used; it also stands in
+    for a missing wait figure (a plain ``model.fit``).
 
     Args:
         input_wait_share: Share (0-1) of each step spent waiting for input, or
             ``None`` when unknown.
         gpu_utilization: Mean utilisation (0-100) over the GPUs, or ``None``
             without a GPU.
-        input_bound_share: Wait share from which training counts as
-            input-bound. Defaults to ``0.20``.
         busy_utilization: Utilisation from which GPUs count as busy.
             Defaults to ``70.0``.
         idle_utilization: Utilisation below which GPUs count as starved.
@@ -41,32 +42,34 @@ def verdict(
     Example:
 
     >>> verdict(0.38, 41.0).split(" — ")[0]
-    'input-bound: the devices waited 38% of each step'
+    'input-bound (highly): the devices waited 38% of each step'
     """
     fixes = "cache the dataset, prefetch, or move augmentation onto the device"
-    if input_wait_share is not None and input_wait_share >= input_bound_share:
-        return f"input-bound: the devices waited {input_wait_share:.0%} of each step — {fixes}"
+    wait = input_wait_share
+    if wait is not None and wait >= MODERATELY_INPUT_BOUND_SHARE:
+        degree = "highly" if wait >= HIGHLY_INPUT_BOUND_SHARE else "moderately"
+        return f"input-bound ({degree}): the devices waited {wait:.0%} of each step — {fixes}"
     if gpu_utilization is not None:
         util = f"the GPUs averaged {gpu_utilization:.0f}% utilisation"
-        if input_wait_share is not None:
-            util += f" and waited {input_wait_share:.0%} of each step on input"
+        if wait is not None:
+            util += f" and waited {wait:.0%} of each step on input"
         if gpu_utilization >= busy_utilization:
             return f"compute-bound: {util} — the input pipeline keeps up"
-        if gpu_utilization < idle_utilization and input_wait_share is None:
+        if gpu_utilization < idle_utilization and wait is None:
             return (
-                f"input-bound (likely): {util} with no input-wait figure under model.fit — "
-                f"{fixes}, or time the loop with mdtrain's custom loop"
+                f"input-bound (likely): {util} with no input-wait figure — "
+                f"{fixes}, or train with mdtrain's ExactTrainer to measure the wait"
             )
         return (
             f"under-used: {util} — raise the batch size, use mixed precision, "
             "or look for host-side work between steps"
         )
-    if input_wait_share is not None:
+    if wait is not None:
         return (
-            f"compute-bound: the loop waited {input_wait_share:.0%} of each step on input — "
+            f"compute-bound: the loop waited {wait:.0%} of each step on input — "
             "the input pipeline keeps up (no GPU to sample)"
         )
     return (
-        "unknown: no input-wait figure (model.fit) and no GPU to sample — "
-        "run mdtrain's custom loop to measure the wait"
+        "unknown: no input-wait figure (a plain model.fit) and no GPU to sample — "
+        "train with mdtrain's ExactTrainer to measure the wait"
     )

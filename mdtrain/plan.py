@@ -1,0 +1,120 @@
+"""A training run written down as data: the segments `mdtrain.train` carries out.
+
+A run has one or two phases: training (the head, or the whole small model),
+then optionally fine-tuning the top of a pretrained base at a tenth of the
+learning rate. A resumed run starts part-way: in the middle of an epoch, in
+either phase. `plan_run` turns the configuration, the steps per epoch and the
+resume position into a flat list of `Segment`s, each one `fit` call, so the
+runner in `mdtrain.train` is a short loop and every branch of the structure
+is tested here on plain numbers, without TensorFlow.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+FINE_TUNE_LR_FACTOR = 0.1  # fine-tuning steps are a tenth of the training steps
+
+
+@dataclass(frozen=True)
+class Position:
+    """Where a run continues: the next epoch, steps already done in it, and their phase.
+
+    `restorable` is True when a backup holds the state at this position.
+    """
+
+    epoch: int = 0
+    step: int = 0
+    phase: int = 0
+    restorable: bool = False
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One `fit` call: epochs `first_epoch` … `last_epoch - 1` of one phase.
+
+    Attributes:
+        phase: 0 for training, 1 for fine-tuning.
+        first_epoch: the first epoch to run.
+        last_epoch: the epoch to stop before.
+        skip_steps: steps of `first_epoch` already done (a mid-epoch resume):
+            the segment runs only the rest of that one epoch.
+        learning_rate: the phase's peak learning rate.
+        decay_steps: steps of the whole phase, over which the rate decays.
+        starts_phase: compile a fresh optimizer (and, for fine-tuning,
+            unfreeze the base) before this segment.
+        restore: load the backup before this segment.
+        restore_optimizer: load the backup's optimizer state too (it was
+            saved in this phase).
+    """
+
+    phase: int
+    first_epoch: int
+    last_epoch: int
+    skip_steps: int
+    learning_rate: float
+    decay_steps: int
+    starts_phase: bool
+    restore: bool
+    restore_optimizer: bool
+
+    @property
+    def fine_tune(self) -> bool:
+        return self.phase == 1
+
+    def steps(self, steps_per_epoch: int) -> int:
+        """Steps in each epoch this segment runs."""
+        return steps_per_epoch - self.skip_steps
+
+
+def _phases(epochs: int, fine_tune_epochs: int, learning_rate: float) -> list[tuple]:
+    """(first epoch, last epoch, learning rate) of each phase."""
+    phases = [(0, epochs, learning_rate)]
+    if fine_tune_epochs:
+        phases.append((epochs, epochs + fine_tune_epochs, learning_rate * FINE_TUNE_LR_FACTOR))
+    return phases
+
+
+def plan_run(
+    epochs: int,
+    fine_tune_epochs: int,
+    learning_rate: float,
+    steps_per_epoch: int,
+    resume: Position = Position(),
+) -> list[Segment]:
+    """The segments of a run, from the resume position to the end.
+
+    Args:
+        epochs: epochs of the first phase.
+        fine_tune_epochs: epochs of fine-tuning after it (0: none).
+        learning_rate: peak learning rate of the first phase.
+        steps_per_epoch: steps in one epoch.
+        resume: where the run continues. Defaults to the start.
+
+    Returns:
+        The segments, in order; empty if the run is already complete.
+
+    Example:
+
+    >>> [s.first_epoch for s in plan_run(3, 2, 1e-3, 10, Position(epoch=1, step=4))]
+    [1, 2, 3]
+    """
+    segments: list[Segment] = []
+    for phase, (first, last, lr) in enumerate(_phases(epochs, fine_tune_epochs, learning_rate)):
+        if last <= resume.epoch:
+            continue  # finished before the resume point
+        start = max(first, resume.epoch)
+        restore = resume.restorable and not segments  # the phase the backup leads into
+        make = functools.partial(
+            Segment, phase, learning_rate=lr, decay_steps=(last - first) * steps_per_epoch
+        )
+        skip = resume.step if start == resume.epoch else 0
+        if skip:  # the rest of a half-done epoch, then the whole epochs after it
+            segments.append(make(start, start + 1, skip, starts_phase=True, restore=restore,
+                                 restore_optimizer=restore and resume.phase == phase))  # fmt: skip
+            start, restore = start + 1, False
+        if start < last:
+            segments.append(make(start, last, 0, starts_phase=not skip, restore=restore,
+                                 restore_optimizer=restore and resume.phase == phase))  # fmt: skip
+    return segments
