@@ -1,14 +1,16 @@
-"""The names a user may choose: models and strategies.
+"""What a user may choose, and the checks of those choices: models, strategies, values.
 
 Kept free of TensorFlow so that `mdtrain train` rejects a misspelt option in
-a fraction of a second, before TensorFlow starts.
+a fraction of a second, before TensorFlow starts. Every check lives here once;
+`TrainConfig.validate`, `build_model` and `resolve_global_batch_size` call
+the same functions, so the API and the command line agree.
 """
 
 from __future__ import annotations
 
 import re
 
-from mdtrain.errors import UsageError
+from mdtrain.errors import UsageError, bad_value
 
 EFFICIENTNETS = {
     "efficientnetv2-b0": "EfficientNetV2B0",
@@ -53,15 +55,50 @@ def check_strategy_name(name: str) -> str:
     key = re.sub(r"[-_ ]", "", name.lower())
     key = _ALIASES.get(key, key)
     if key in _NOT_OFFERED:
-        raise UsageError(f"--strategy {name}: {_NOT_OFFERED[key]} (see {STRATEGY_NOTEBOOK})")
-    raise UsageError(
-        f"--strategy {name}: unknown; choose one of {', '.join(STRATEGIES)} (N >= 1); "
-        f"{STRATEGY_NOTEBOOK} compares them"
-    )
+        raise bad_value("strategy", name, f"{_NOT_OFFERED[key]} (see {STRATEGY_NOTEBOOK})")
+    raise bad_value(
+        "strategy", name, f"unknown; choose one of {', '.join(STRATEGIES)} (N >= 1); "
+        f"{STRATEGY_NOTEBOOK} compares them",
+    )  # fmt: skip
+
+
+CACHE_MODES = ("auto", "memory", "disk", "none")
+LOOPS = ("fit", "custom")
+CLASS_WEIGHTS = ("auto", "none")
+MONITOR_DISPLAYS = ("auto", "widget", "text", "none")
 
 
 def check_model_name(name: str) -> str:
     """Returns `name` if it is a known model, else raises `UsageError`."""
     if name in MODELS:
         return name
-    raise UsageError(f"--model {name}: unknown; choose one of {', '.join(MODELS)}")
+    raise bad_value("model", name, f"unknown; choose one of {', '.join(MODELS)}")
+
+
+def check(condition: bool, argument: str, value, problem: str) -> None:
+    """Raises `bad_value(argument, value, problem)` unless `condition` holds."""
+    if not condition:
+        raise bad_value(argument, value, problem)
+
+
+def check_dropout(dropout: float) -> float:
+    """Returns `dropout` if it is a rate in [0, 1), else raises `UsageError`."""
+    check(0 <= dropout < 1, "dropout", dropout, "must be in [0, 1)")
+    return dropout
+
+
+def check_image_size(model: str, image_size: int) -> int:
+    """Returns `image_size` if `model` can take images of that side, else raises `UsageError`."""
+    smallest = 8 if model == "small-cnn" else 32
+    check(image_size >= smallest, "image_size", image_size,
+          f"{model} needs at least {smallest} pixels")  # fmt: skip
+    return image_size
+
+
+def check_batch_sizes(per_replica: int | None, global_batch: int | None) -> None:
+    """Raises `UsageError` unless at most one batch size is given, and it is positive."""
+    if per_replica is not None and global_batch is not None:
+        raise UsageError("give a per-replica or a global batch size, not both")
+    for argument, value in (("batch_size_per_replica", per_replica),
+                            ("global_batch_size", global_batch)):  # fmt: skip
+        check(value is None or value >= 1, argument, value, "must be at least 1")

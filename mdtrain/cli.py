@@ -20,8 +20,22 @@ from mdtrain.tf_import import import_tensorflow
 USAGE_EXIT = 2
 
 
+class _Help(argparse.ArgumentDefaultsHelpFormatter):
+    """Adds "(default: X)" to an option's help, where there is a default to tell."""
+
+    def _get_help_string(self, action):
+        told = "(default" in (action.help or "")
+        if told or any(action.default is v for v in (None, False, True)):
+            return action.help
+        return super()._get_help_string(action)
+
+
 class _Parser(argparse.ArgumentParser):
-    """argparse that reports errors in one line, like every other mdtrain error."""
+    """argparse that shows defaults and reports errors in one line, like every mdtrain error."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", _Help)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> None:  # noqa: D401 - argparse API
         raise UsageError(f"{self.prog}: {message}")
@@ -57,38 +71,54 @@ def _add_data(sub) -> None:
 
 
 def _add_train(sub) -> None:
+    from mdtrain.choices import CACHE_MODES, CLASS_WEIGHTS, LOOPS, MODELS, MONITOR_DISPLAYS
+
     t = sub.add_parser("train", help="train an image classifier under a distribution strategy")
-    t.add_argument("--data", help="dataset folder (default: the demo dataset, made on first use)")
+    t.add_argument("--data", help="dataset folder with one sub-folder per class (default: the "
+                   "demo dataset, made on first use)")  # fmt: skip
     g = t.add_mutually_exclusive_group()
     g.add_argument("--val-data", help="validation folder with the same class folders")
-    g.add_argument("--validation-split", type=float, default=0.0, help="share held out, in [0, 1)")
-    t.add_argument("--model", default="small-cnn")
-    t.add_argument("--weights", default="none", help="imagenet, none, or a weights file")
-    t.add_argument("--image-size", type=int)
+    g.add_argument("--validation-split", type=float, default=0.0,
+                   help="share of --data held out for validation, in [0, 1) (default: 0, "
+                   "none: use val/ or --val-data)")  # fmt: skip
+    t.add_argument("--model", default="small-cnn", help=f"the classifier: {', '.join(MODELS)}")
+    t.add_argument("--weights", default="none",
+                   help="imagenet, none, or a weights file (pretrained models only)")  # fmt: skip
+    t.add_argument("--image-size", type=int,
+                   help="side of the square input (default: 64 for small-cnn, 224 otherwise)")
     b = t.add_mutually_exclusive_group()
-    b.add_argument("--batch-size-per-replica", type=int)
-    b.add_argument("--global-batch-size", type=int)
-    t.add_argument("--epochs", type=int, default=20)
-    t.add_argument("--fine-tune-epochs", type=int, default=0)
-    t.add_argument("--learning-rate", type=float, default=2e-3)
-    t.add_argument(
-        "--strategy", default="auto", help="auto, mirrored, multiworker, tpu, one, cpu:N"
-    )
-    t.add_argument("--loop", default="fit", help="fit (model.fit) or custom (strategy.run loop)")
-    t.add_argument("--mixed-precision", action="store_true")
-    t.add_argument("--no-augment", dest="augment", action="store_false")
-    t.add_argument("--dropout", type=float, default=0.2)
-    t.add_argument("--class-weight", default="none", help="auto (balanced) or none")
-    t.add_argument("--seed", type=int, default=0)
-    t.add_argument("--deterministic", action="store_true", help="bit-reproducible (slower)")
-    t.add_argument("--backup-dir", help="resume from / back up to this folder every epoch")
-    t.add_argument(
-        "--backup-every-steps",
-        type=_positive_int,
-        help="also back up every N steps within an epoch (needs --backup-dir)",
-    )
-    t.add_argument("--output", help="folder for model.keras, history.json, report.json")
-    t.add_argument("--monitor", default="auto", help="auto, widget, text or none")
+    b.add_argument("--batch-size-per-replica", type=int,
+                   help="examples per replica per step (default: 32 per replica)")
+    b.add_argument("--global-batch-size", type=int,
+                   help="examples per step over all replicas (a multiple of the replicas)")
+    t.add_argument("--epochs", type=int, default=20, help="training epochs")
+    t.add_argument("--fine-tune-epochs", type=int, default=0,
+                   help="then epochs of fine-tuning the top of a pretrained base")
+    t.add_argument("--learning-rate", type=float, default=2e-3,
+                   help="peak learning rate (cosine decay to a tenth)")
+    t.add_argument("--strategy", default="auto",
+                   help="auto, mirrored, multiworker, tpu, one or cpu:N (N virtual CPU replicas)")
+    t.add_argument("--loop", default="fit", choices=LOOPS,
+                   help="model.fit, or the custom strategy.run loop (same weights)")
+    t.add_argument("--mixed-precision", action="store_true",
+                   help="float16 on GPUs (loss-scaled), bfloat16 elsewhere")
+    t.add_argument("--no-augment", dest="augment", action="store_false",
+                   help="train without random flips, rotations, zooms and colour changes")
+    t.add_argument("--dropout", type=float, default=0.2, help="dropout before the last layer")
+    t.add_argument("--class-weight", default="none", choices=CLASS_WEIGHTS,
+                   help="auto: balanced class weights in the loss")
+    t.add_argument("--seed", type=int, default=0,
+                   help="seed of weights, shuffling and augmentation")
+    t.add_argument("--deterministic", action="store_true",
+                   help="bit-reproducible runs (slower)")
+    t.add_argument("--cache", default="auto", choices=CACHE_MODES,
+                   help="where decoded images are kept: auto picks memory when they fit")
+    t.add_argument("--backup-dir", help="back up to this folder every epoch, and resume from it")
+    t.add_argument("--backup-every-steps", type=_positive_int,
+                   help="also back up every N steps within an epoch (needs --backup-dir)")
+    t.add_argument("--output", help="new folder for model.keras, history.json, report.json")
+    t.add_argument("--monitor", default="auto", choices=MONITOR_DISPLAYS,
+                   help="live dashboard in notebooks, a text line per epoch elsewhere")
     t.add_argument("--json", action="store_true", help="end with one JSON summary line")
 
 
@@ -220,6 +250,8 @@ def _run_launch(args) -> int:
     from mdtrain.launch import launch
 
     train_args = args.train_args[1:] if args.train_args[:1] == ["--"] else args.train_args
+    if train_args[:1] == ["train"]:  # `-- train --data D` reads as naturally as `-- --data D`
+        train_args = train_args[1:]
     return launch(
         args.workers, train_args, restarts=args.restarts, log_dir=args.log_dir,
         hang_timeout_s=args.hang_timeout, gpus_per_worker=args.gpus_per_worker,
@@ -274,7 +306,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         return _COMMANDS[args.command](args)
     except UsageError as e:
-        print(f"mdtrain: error: {e}", file=sys.stderr)
+        print(f"mdtrain: error: {e.as_option()}", file=sys.stderr)
         return USAGE_EXIT
     except ModuleNotFoundError as e:
         if e.name and e.name.split(".")[0] in ("tensorflow", "keras"):

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 import tensorflow as tf
 
 from mdtrain.choices import CPU_STRATEGY as _CPU
-from mdtrain.choices import STRATEGIES, check_strategy_name
-from mdtrain.errors import UsageError
+from mdtrain.choices import STRATEGIES, check_batch_sizes, check_strategy_name
+from mdtrain.errors import UsageError, bad_value
 
 __all__ = ["STRATEGIES", "check_strategy_name"]  # re-exported for convenience
 
@@ -191,23 +191,15 @@ def resolve_global_batch_size(
         UsageError: if both are given, one is not positive, or the global
             batch is not a multiple of the replica count.
     """
-    if per_replica is not None and global_batch is not None:
-        raise UsageError("give --batch-size-per-replica or --global-batch-size, not both")
+    check_batch_sizes(per_replica, global_batch)
     if global_batch is None:
-        per_replica = 32 if per_replica is None else per_replica
-        if per_replica < 1:
-            raise UsageError(f"--batch-size-per-replica {per_replica}: must be at least 1")
-        return per_replica * num_replicas
+        return (32 if per_replica is None else per_replica) * num_replicas
     if global_batch < num_replicas:
-        raise UsageError(
-            f"--global-batch-size {global_batch}: smaller than the {num_replicas} replicas; "
-            "every replica needs at least one example per step"
-        )
+        raise bad_value("global_batch_size", global_batch, f"smaller than the {num_replicas} "
+                        "replicas; every replica needs at least one example per step")  # fmt: skip
     if global_batch % num_replicas:
-        raise UsageError(
-            f"--global-batch-size {global_batch}: not a multiple of the {num_replicas} "
-            "replicas; use a multiple, or --batch-size-per-replica"
-        )
+        raise bad_value("global_batch_size", global_batch, f"not a multiple of the {num_replicas} "
+                        "replicas; use a multiple, or a per-replica batch size")  # fmt: skip
     return global_batch
 
 

@@ -1,9 +1,37 @@
 """The one exception type that means "the user asked for something we cannot do"."""
 
+from __future__ import annotations
+
 
 class UsageError(ValueError):
     """Bad input from the user: the CLI prints the message on one line and exits 2.
 
-    The message says what is wrong and what to do about it, e.g.
-    ``"--data /x: no such folder; pass a folder with one sub-folder per class"``.
+    The message says what is wrong and what to do about it. An error about
+    one argument (`bad_value`) names it as the library's callers know it,
+    `dropout=1.0: must be in [0, 1)`; the command line shows the same error
+    with its option, `--dropout 1.0: must be in [0, 1)` (`as_option`).
     """
+
+    def __init__(self, message: str, *, argument: str | None = None, value=None, problem=""):
+        super().__init__(message)
+        self.argument, self.value, self.problem = argument, value, problem
+
+    def as_option(self) -> str:
+        """The message as the command line words it: the argument as its `--option`."""
+        if self.argument is None:
+            return str(self)
+        return f"--{self.argument.replace('_', '-')} {self.value}: {self.problem}"
+
+
+def bad_value(argument: str, value, problem: str) -> UsageError:
+    """A `UsageError` about one argument: `argument=value: problem`.
+
+    Example:
+
+    >>> str(bad_value("dropout", 1.0, "must be in [0, 1)"))
+    'dropout=1.0: must be in [0, 1)'
+    >>> bad_value("dropout", 1.0, "must be in [0, 1)").as_option()
+    '--dropout 1.0: must be in [0, 1)'
+    """
+    return UsageError(f"{argument}={value}: {problem}", argument=argument, value=value,
+                      problem=problem)  # fmt: skip

@@ -15,7 +15,7 @@ import keras
 from keras import layers
 
 from mdtrain.choices import EFFICIENTNETS as _EFFICIENTNETS
-from mdtrain.choices import LITE0, MODELS, check_model_name
+from mdtrain.choices import LITE0, MODELS, check_dropout, check_image_size, check_model_name
 from mdtrain.errors import UsageError
 from mdtrain.norm import ExactBatchNormalization
 
@@ -153,21 +153,17 @@ def build_model(
     >>> build_model("small-cnn", num_classes=5, image_size=64).output_shape
     (None, 5)
     """
-    if not 0 <= dropout < 1:
-        raise UsageError(f"--dropout {dropout}: must be in [0, 1)")
+    check_model_name(name)
+    check_dropout(dropout)
+    check_image_size(name, image_size)
     if name == "small-cnn":
         return small_cnn(image_size, num_classes, dropout)
     if name in _EFFICIENTNETS:
-        if image_size < 32:
-            raise UsageError(f"--image-size {image_size}: EfficientNetV2 needs at least 32")
         return efficientnetv2(name, image_size, num_classes, weights, dropout)
     if name == LITE0:  # offline ImageNet weights; see mdtrain.lite0
         from mdtrain.lite0 import efficientnet_lite0
 
-        if image_size < 32:
-            raise UsageError(f"--image-size {image_size}: efficientnet-lite0 needs at least 32")
         return efficientnet_lite0(image_size, num_classes, weights, dropout)
-    check_model_name(name)
     raise AssertionError(f"{name} is listed in MODELS but has no builder")
 
 

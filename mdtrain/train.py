@@ -15,8 +15,6 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mdtrain.errors import UsageError
-
 OUTPUT_FILES = ("model.keras", "history.json", "report.json")
 
 
@@ -52,73 +50,41 @@ class TrainConfig:
     backup_dir: str | None = None
     backup_every_steps: int | None = None
     output: str | None = None
-    cache: bool = True
+    cache: str = "auto"
     monitor: str = "auto"
     verbose: int = 2
 
     def validate(self) -> None:
         """Raises `UsageError` for any value that cannot work, before TensorFlow starts."""
-        from mdtrain.choices import check_model_name, check_strategy_name
+        from mdtrain import choices as c
 
-        check_strategy_name(self.strategy)
-        check_model_name(self.model)
-        checks = [
-            (self.epochs >= 1, f"--epochs {self.epochs}: must be at least 1"),
-            (
-                self.fine_tune_epochs >= 0,
-                f"--fine-tune-epochs {self.fine_tune_epochs}: must be >= 0",
-            ),
-            (
-                self.image_size is None or self.image_size >= 8,
-                f"--image-size {self.image_size}: must be at least 8 pixels",
-            ),
-            (self.learning_rate > 0, f"--learning-rate {self.learning_rate}: must be positive"),
-            (self.loop in ("fit", "custom"), f"--loop {self.loop}: choose fit or custom"),
-            (
-                self.class_weight in ("auto", "none"),
-                f"--class-weight {self.class_weight}: choose auto or none",
-            ),
-            (
-                0 <= self.validation_split < 1,
-                f"--validation-split {self.validation_split}: must be in [0, 1) "
-                "(0 means no validation)",
-            ),
-            (
-                self.batch_size_per_replica is None or self.batch_size_per_replica >= 1,
-                f"--batch-size-per-replica {self.batch_size_per_replica}: must be at least 1",
-            ),
-            (
-                self.global_batch_size is None or self.global_batch_size >= 1,
-                f"--global-batch-size {self.global_batch_size}: must be at least 1",
-            ),
-            (0 <= self.dropout < 1, f"--dropout {self.dropout}: must be in [0, 1)"),
-            (
-                self.backup_every_steps is None or self.backup_every_steps >= 1,
-                f"--backup-every-steps {self.backup_every_steps}: must be at least 1",
-            ),
-            (
-                self.backup_every_steps is None or self.backup_dir,
-                "--backup-every-steps needs --backup-dir",
-            ),
-            (
-                self.fine_tune_epochs == 0 or self.model != "small-cnn",
-                "--fine-tune-epochs needs a pretrained base: use an EfficientNetV2 model",
-            ),
-        ]
-        for ok, message in checks:
-            if not ok:
-                raise UsageError(message)
-        if self.weights not in ("imagenet", "none") and not os.path.isfile(self.weights):
-            raise UsageError(
-                f"--weights {self.weights}: no such file; pass imagenet, none, or a weights file"
-            )
-        if self.output:
-            taken = [n for n in OUTPUT_FILES if (Path(self.output) / n).exists()]
-            if taken:
-                raise UsageError(
-                    f"--output {self.output}: already holds {', '.join(taken)}; choose a new "
-                    "folder (nothing was overwritten)"
-                )
+        c.check_strategy_name(self.strategy)
+        c.check_model_name(self.model)
+        c.check_dropout(self.dropout)
+        c.check_batch_sizes(self.batch_size_per_replica, self.global_batch_size)
+        if self.image_size is not None:
+            c.check_image_size(self.model, self.image_size)
+        for argument, options in (("loop", c.LOOPS), ("class_weight", c.CLASS_WEIGHTS),
+                                  ("cache", c.CACHE_MODES), ("monitor", c.MONITOR_DISPLAYS)):
+            value = getattr(self, argument)
+            c.check(value in options, argument, value, f"choose one of {', '.join(options)}")
+        c.check(self.epochs >= 1, "epochs", self.epochs, "must be at least 1")
+        c.check(self.fine_tune_epochs >= 0, "fine_tune_epochs", self.fine_tune_epochs,
+                "must be at least 0")  # fmt: skip
+        c.check(self.learning_rate > 0, "learning_rate", self.learning_rate, "must be positive")
+        c.check(0 <= self.validation_split < 1, "validation_split", self.validation_split,
+                "must be in [0, 1) (0 means no validation)")
+        c.check(self.backup_every_steps is None or self.backup_every_steps >= 1,
+                "backup_every_steps", self.backup_every_steps, "must be at least 1")
+        c.check(self.backup_every_steps is None or bool(self.backup_dir), "backup_every_steps",
+                self.backup_every_steps, "needs a backup folder (--backup-dir)")
+        c.check(self.fine_tune_epochs == 0 or self.model != "small-cnn", "fine_tune_epochs",
+                self.fine_tune_epochs, "needs a pretrained base: use an EfficientNet model")
+        c.check(self.weights in ("imagenet", "none") or os.path.isfile(self.weights), "weights",
+                self.weights, "no such file; pass imagenet, none, or a weights file")
+        taken = [n for n in OUTPUT_FILES if self.output and (Path(self.output) / n).exists()]
+        c.check(not taken, "output", self.output, f"already holds {', '.join(taken)}; "
+                "choose a new folder (nothing was overwritten)")  # fmt: skip
 
     @property
     def resolved_image_size(self) -> int:
