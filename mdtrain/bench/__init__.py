@@ -1,10 +1,12 @@
 """Benchmarks: input pipelines side by side, and whether training waits for input.
 
-`pipeline_benchmark` measures images per second of the legacy
-`ImageDataGenerator` and of tf.data variants in one process, on the same
-files with the page cache warm, same output size and batch size, warm-up
-excluded, repeats interleaved (so a change in machine load hits every variant
-alike) and the median kept. `train_benchmark` times training steps fed by the
+`pipeline_benchmark` measures images per second of what Keras users write
+(`image_dataset_from_directory`, with and without augmentation layers), the
+legacy `ImageDataGenerator` and mdtrain's tf.data variants in one process,
+on the same files with the page cache warm, same output size and batch size,
+whole epochs from fresh pipelines (fills included), warm-up excluded, repeats
+interleaved (so a change in machine load hits every variant alike), median
+and spread kept. `train_benchmark` times training steps fed by the
 real pipeline against steps fed one cached batch over and over (the
 input-bound ratio), and one replica against two virtual CPU replicas.
 
@@ -22,13 +24,16 @@ from __future__ import annotations
 from mdtrain.bench.common import BENCH_DATA, machine_info
 from mdtrain.bench.pipelines import (
     AUGMENTATIONS,
+    BENCH_AUGMENT,
     GOALS,
     NOTES,
     PIPELINE_KEYS,
-    STAGE_BATCHES,
-    STAGES,
+    RATIOS,
     STEP_BY_STEP,
+    bench_policy,
     distributed_rate,
+    keras_augmentation,
+    keras_directory,
     pipeline_benchmark,
     stage_benchmark,
     tfdata_stage,
@@ -38,14 +43,17 @@ from mdtrain.bench.training import train_benchmark
 
 __all__ = [
     "AUGMENTATIONS",
+    "BENCH_AUGMENT",
     "BENCH_DATA",
     "GOALS",
     "NOTES",
     "PIPELINE_KEYS",
-    "STAGES",
-    "STAGE_BATCHES",
+    "RATIOS",
     "STEP_BY_STEP",
+    "bench_policy",
     "distributed_rate",
+    "keras_augmentation",
+    "keras_directory",
     "machine_info",
     "measure",
     "pipeline_benchmark",

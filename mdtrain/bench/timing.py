@@ -1,4 +1,4 @@
-"""Timing iterators one at a time, repeats interleaved: images per second, median kept."""
+"""Timing iterators one at a time, repeats interleaved: images per second, median and spread."""
 
 from __future__ import annotations
 
@@ -20,22 +20,30 @@ def _take(iterator, steps: int) -> int:
 class _Variant:
     """One configuration to time, in isolation.
 
-    `start()` returns a fresh iterator; `warmup` batches are pulled untimed
-    (start-up, XLA compilation, filling a cache), then `batches` are timed,
-    and the iterator is dropped, so no pipeline keeps working in the
-    background while another one is timed.
+    `prime()` runs once, untimed, before the first timing (XLA compilation,
+    filling a cache, warming the page cache). Every timing then calls
+    `start()` for a fresh iterator, pulls `warmup` batches untimed and times
+    `batches` more; with `warmup=0` and `batches` = one epoch, a timing is a
+    whole epoch, shuffle-buffer fill included. The iterator is dropped
+    afterwards, so no pipeline keeps working in the background while another
+    one is timed.
     """
 
     def __init__(
-        self, start: Callable[[], Iterator], batches: int, warmup: int = 3, first_warmup=None
+        self,
+        start: Callable[[], Iterator],
+        batches: int,
+        warmup: int = 0,
+        prime: Callable[[], object] | None = None,
     ):
-        self.start, self.batches, self.warmup = start, batches, warmup
-        self.first_warmup = warmup if first_warmup is None else first_warmup
+        self.start, self.batches, self.warmup, self.prime = start, batches, warmup, prime
         self.rates: list[float] = []
 
     def time_one(self) -> None:
+        if not self.rates and self.prime is not None:
+            self.prime()
         iterator = self.start()
-        _take(iterator, self.warmup if self.rates else self.first_warmup)
+        _take(iterator, self.warmup)
         begin = time.perf_counter()
         n = _take(iterator, self.batches)
         self.rates.append(n / (time.perf_counter() - begin))
@@ -43,12 +51,27 @@ class _Variant:
         gc.collect()
 
 
+def whole_epochs(make: Callable[[], Iterator], steps: int) -> _Variant:
+    """A variant timed over whole epochs, each from a fresh `make()`, after one untimed epoch."""
+    return _Variant(make, steps, prime=lambda: _take(make(), steps))
+
+
 def measure(variants: dict[str, _Variant], repeats: int) -> dict[str, dict]:
-    """Times `repeats` rounds, variants interleaved, so load changes hit all alike."""
+    """Times `repeats` rounds, variants interleaved, so load changes hit all alike.
+
+    Returns:
+        `{name: {"median", "min", "max", "runs"}}`, images per second; `runs`
+        lists every repeat in order, so ratios can be taken repeat by repeat.
+    """
     for _ in range(repeats):
         for v in variants.values():
             v.time_one()
     return {
-        name: {"median": statistics.median(v.rates), "runs": [round(r, 1) for r in v.rates]}
+        name: {
+            "median": statistics.median(v.rates),
+            "min": min(v.rates),
+            "max": max(v.rates),
+            "runs": [round(r, 1) for r in v.rates],
+        }
         for name, v in variants.items()
     }
