@@ -90,6 +90,23 @@ def test_setup_cell_stops_in_one_line_without_installing(tmp_path, source, line)
     assert done.stderr.count("\n") == 1 and done.stderr.startswith(line), done.stderr
 
 
+def test_the_version_lives_in_one_place():
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert "version" not in config["project"] and "version" in config["project"]["dynamic"]
+    assert config["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "mdtrain.__version__"}
+    assert re.search(
+        rf"(?m)^## {re.escape(mdtrain.__version__)}$", (ROOT / "CHANGELOG.md").read_text()
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "mdtrain", "--version"], capture_output=True, text=True, check=True
+    )
+    assert done.stdout == f"mdtrain {mdtrain.__version__}\n"
+
+
 # --- the wheel ----------------------------------------------------------------------
 
 
