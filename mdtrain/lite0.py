@@ -156,10 +156,10 @@ def read_legacy_torch_file(path: str | os.PathLike) -> dict[str, np.ndarray]:
 
 
 def batch_normalization(name: str):
-    """The one place Lite0 makes its BatchNormalization layers (swap the class here)."""
-    from keras import layers
+    """The one place Lite0 makes its BatchNormalization layers: exact under any strategy."""
+    from mdtrain.norm import ExactBatchNormalization
 
-    return layers.BatchNormalization(epsilon=BN_EPSILON, momentum=0.99, name=name)
+    return ExactBatchNormalization(epsilon=BN_EPSILON, momentum=0.99, name=name)
 
 
 def _conv_bn(x, filters: int, kernel: int, stride: int, name: str, relu: bool = True):

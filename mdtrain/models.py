@@ -17,7 +17,7 @@ from keras import layers
 from mdtrain.choices import EFFICIENTNETS as _EFFICIENTNETS
 from mdtrain.choices import LITE0, MODELS, check_dropout, check_image_size, check_model_name
 from mdtrain.errors import UsageError
-from mdtrain.norm import ExactBatchNormalization
+from mdtrain.norm import ExactBatchNormalization, make_exact
 
 BASE_NAME = "base"
 __all__ = ["MODELS", "build_model", "efficientnetv2", "small_cnn", "unfreeze_top"]
@@ -78,7 +78,12 @@ def efficientnetv2(
     weights: str | None = "imagenet",
     dropout: float = 0.2,
 ) -> keras.Model:
-    """EfficientNetV2 base (frozen) with a new classification head.
+    """EfficientNetV2 base with a new classification head.
+
+    With pretrained weights the base is frozen and runs BatchNormalization in
+    inference mode, also after `unfreeze_top`. With `weights="none"` the
+    whole network trains from random initialisation, its BatchNormalization
+    exact under any strategy (`mdtrain.norm.make_exact`).
 
     Args:
         name: one of `efficientnetv2-b0` … `-b3`, `-s`.
@@ -90,7 +95,7 @@ def efficientnetv2(
         dropout: dropout rate before the last layer. Defaults to 0.2.
 
     Returns:
-        An uncompiled model whose base layer is named `"base"` and frozen.
+        An uncompiled model whose base layer is named `"base"`.
 
     Raises:
         UsageError: if the weights cannot be found or downloaded.
@@ -113,13 +118,20 @@ def efficientnetv2(
             f"({type(e).__name__}); without network, attach the …_notop.h5 file and pass "
             "--weights PATH, or use --weights none"
         ) from None
-    base.name = BASE_NAME
-    base.trainable = False
     inputs = keras.Input((image_size, image_size, 3), name="image")
-    # training=False keeps BatchNormalization in inference mode even after the
-    # base is unfrozen for fine-tuning: updating its statistics on a small
-    # dataset would wreck the pretrained features.
-    x = base(inputs, training=False)
+    if weights is None:
+        # Nothing to preserve: the whole network trains from random initialisation,
+        # with batch statistics of the whole global batch under any strategy.
+        base = make_exact(base)
+        base.name = BASE_NAME
+        x = base(inputs)
+    else:
+        base.name = BASE_NAME
+        base.trainable = False
+        # training=False keeps BatchNormalization in inference mode even after the
+        # base is unfrozen for fine-tuning: updating its statistics on a small
+        # dataset would wreck the pretrained features.
+        x = base(inputs, training=False)
     return keras.Model(inputs, _head(x, num_classes, dropout), name=name.replace("-", "_"))
 
 

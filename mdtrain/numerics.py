@@ -32,7 +32,7 @@ from mdtrain.compat import fresh_collective_keys
 from mdtrain.distribute import shard_by_batch
 from mdtrain.errors import UsageError
 from mdtrain.loop import ExactTrainer, custom_fit
-from mdtrain.models import build_model
+from mdtrain.models import build_model, unfreeze_top
 
 LOSSES = ("exact", "keras_fit", "naive_global_batch")
 LOOPS = ("fit", "custom")
@@ -84,11 +84,16 @@ def _tiny_cnn(image_size: int, num_classes: int) -> keras.Model:
     return keras.Model(inputs, outputs, name="tiny_cnn")
 
 
-def _build_net(model: str, image_size: int, num_classes: int, seed: int) -> keras.Model:
+def _build_net(
+    model: str, image_size: int, num_classes: int, seed: int, weights: str, fine_tune: bool
+) -> keras.Model:
     keras.utils.set_random_seed(seed)  # same initial weights under every strategy
     if model == "tiny":
         return _tiny_cnn(image_size, num_classes)
-    return build_model(model, num_classes, image_size, dropout=0.0)
+    net = build_model(model, num_classes, image_size, weights=weights, dropout=0.0)
+    if fine_tune:
+        unfreeze_top(net)
+    return net
 
 
 def _naive_fit(net, strategy, dataset, epochs, learning_rate, global_batch_size, class_weights):
@@ -131,6 +136,8 @@ def train_weights(
     num_classes: int = 3,
     learning_rate: float = 0.1,
     seed: int = 0,
+    weights: str = "none",
+    fine_tune: bool = False,
 ) -> list[np.ndarray]:
     """Trains a fresh small model on `dataset` and returns its final weights.
 
@@ -150,11 +157,15 @@ def train_weights(
         global_batch_size: the configured global batch, which
             `"naive_global_batch"` divides by. Defaults to the first batch's size.
         model: `"tiny"` (two convolutions, no normalisation: fast to trace) or
-            an `mdtrain.models` name such as `"small-cnn"` (with per-replica
-            batch normalization; built with dropout 0). Defaults to `"tiny"`.
+            an `mdtrain.models` name such as `"small-cnn"` (built with dropout
+            0). Defaults to `"tiny"`.
         num_classes: classes of the model's output. Defaults to 3.
         learning_rate: SGD step size. Defaults to 0.1.
         seed: initial weights. Defaults to 0.
+        weights: initial weights of a pretrained model (`"imagenet"`), or
+            `"none"`. Defaults to `"none"`.
+        fine_tune: unfreeze the top of a pretrained base (`unfreeze_top`)
+            before training. Defaults to False.
 
     Returns:
         All the model's weights (trainable, and batch-norm statistics if any), as numpy.
@@ -168,7 +179,7 @@ def train_weights(
     image_size, steps, _ = _dataset_shape(dataset)
     global_batch_size = global_batch_size or int(next(iter(dataset))[1].shape[0])
     with strategy.scope():
-        net = _build_net(model, image_size, num_classes, seed)
+        net = _build_net(model, image_size, num_classes, seed, weights, fine_tune)
     if loss == "naive_global_batch":
         _naive_fit(net, strategy, dataset, epochs, learning_rate, global_batch_size, class_weights)
         return net.get_weights()

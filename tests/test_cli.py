@@ -51,6 +51,12 @@ def test_train_on_messy_data_with_two_replicas(messy_dataset, tmp_path):
     assert summary["epochs"] == 2 and len(summary["history"]) == 2
     assert {"loss", "accuracy", "val_loss", "val_accuracy"} <= set(summary["history"][0])
     assert summary["images_per_sec"] > 0
+    # Under fit the monitor counts each step's real size (the partial last batch
+    # too) and measures the input wait; the first step is warm-up.
+    monitor = summary["monitor"]
+    assert monitor["images"] == 2 * summary["num_train"] - 8
+    assert monitor["input_wait_share"] is not None and 0 <= monitor["input_wait_share"] < 1
+    assert monitor["verdict"].split()[0] in ("input-bound", "compute-bound")
     skipped = sorted(s["path"].rsplit("/", 1)[-1] for s in summary["skipped_files"])
     assert skipped == ["empty.png", "notes.jpg", "truncated.jpg"]
     assert all(s["reason"] for s in summary["skipped_files"])
