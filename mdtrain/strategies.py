@@ -203,7 +203,7 @@ def _datasets(smoke: bool):
 
 
 def _step_ms(strategy, dataset, steps: int = 10) -> float:
-    """Median-free but warm: (time of `steps` compiled steps) / steps, after 2 warm-up steps."""
+    """Milliseconds per compiled step: `steps` steps timed together, after 2 warm-up steps."""
     import time
 
     import keras
@@ -251,7 +251,7 @@ def _sync_row(name: str, strategy, smoke: bool) -> Row:
     runs = (("fit", fit), ("custom loop", custom))
     errors = [f"{what}: {c.error}" for what, c in runs if c.error]
     try:
-        row.step_ms = _step_ms(strategy, timing)
+        row.step_ms = _step_ms(strategy, timing, steps=3 if smoke else 10)
     except Exception as error:  # noqa: BLE001  (a failing strategy is a result)
         errors.append(f"step timing: {_first_line(error)}")
     if errors:
@@ -395,7 +395,9 @@ def _run(name: str, result: Path, smoke: bool) -> None:
             result.write_text(json.dumps(asdict(row)))
         return
     if name.startswith("ps"):
-        row = _probe_ps(name, smoke, wait_s=30 if name == "ps-2-threads" else 120)
+        # A step takes well under a second once traced (the ps row); 20-30 s is a hang.
+        hang_s = 20 if smoke else 30
+        row = _probe_ps(name, smoke, wait_s=hang_s if name == "ps-2-threads" else 120)
         result.write_text(json.dumps(asdict(row)))
         print(format_matrix([row]), flush=True)
         os._exit(0)  # in-process servers cannot be stopped; a hung step holds a thread
