@@ -272,13 +272,6 @@ def _results(trainer: keras.Model, prefix: str = "") -> dict[str, float]:
     return {prefix + m.name: float(m.result()) for m in trainer.metrics}
 
 
-def history_rows(history: keras.callbacks.History) -> list[dict[str, float]]:
-    """A `History` as one dict of metrics per epoch."""
-    columns = history.history
-    epochs = len(next(iter(columns.values()), []))
-    return [{name: float(values[i]) for name, values in columns.items()} for i in range(epochs)]
-
-
 def custom_fit(
     trainer: ExactTrainer,
     strategy: tf.distribute.Strategy,

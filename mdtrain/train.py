@@ -343,7 +343,8 @@ class _Run:
     def _run_segment(self, segment, point, callbacks: list) -> list[dict[str, float]]:
         """Runs one segment of the plan; returns its per-epoch history."""
         from mdtrain.backup import Backup, restore
-        from mdtrain.loop import custom_fit, history_rows
+        from mdtrain.history import history_rows
+        from mdtrain.loop import custom_fit
 
         config, inputs = self.config, self.inputs
         if segment.starts_phase:

@@ -9,7 +9,8 @@ keras = pytest.importorskip("keras")
 tf = pytest.importorskip("tensorflow")
 
 from mdtrain import compat  # noqa: E402
-from mdtrain.loop import ExactTrainer, history_rows  # noqa: E402
+from mdtrain.history import history_rows  # noqa: E402
+from mdtrain.loop import ExactTrainer  # noqa: E402
 from mdtrain.models import build_model  # noqa: E402
 from mdtrain.norm import ExactBatchNormalization, global_moments, make_exact  # noqa: E402
 

@@ -135,6 +135,10 @@ class Dashboard:
     def stop(self, final: DashboardState | None = None) -> None:
         """Stops the refresh thread and shows ``final`` (chart included).
 
+        The final chart is also displayed as a plain image below the widget:
+        a saved notebook keeps it, and a repository page or a viewer without
+        the widget state shows it, where the live widget cannot render.
+
         Args:
             final: Last state to show. Defaults to ``None`` (leave as is).
         """
@@ -144,6 +148,10 @@ class Dashboard:
             self._thread = None
         if final is not None:
             self.update(final, force_chart=True)
+            if self.chart.value:
+                from IPython.display import Image, display
+
+                display(Image(data=self.chart.value, format="png"))
 
     def update(self, state: DashboardState, *, force_chart: bool = False) -> None:
         """Shows ``state`` now; redraws the chart if it is due.

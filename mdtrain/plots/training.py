@@ -7,24 +7,31 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 from matplotlib.figure import Figure
 
+from mdtrain.history import history_rows
 from mdtrain.plots.common import _figure
 
 
-def history_curves(history: Sequence[Mapping[str, float]], title: str | None = None) -> Figure:
+def history_curves(
+    history: Sequence[Mapping[str, float]],
+    title: str | None = None,
+    num_classes: int | None = None,
+) -> Figure:
     """Loss and accuracy per epoch, training against validation.
+
+    The accuracy axis runs from 0 to 1, with a dotted line at chance
+    (1 / classes) when `num_classes` is given.
 
     Args:
         history: one dict per epoch with `loss`, `accuracy` and optionally
             `val_loss`, `val_accuracy` (`TrainResult.history`). A Keras
-            `History.history` dict of lists is accepted too.
+            `History` or its `.history` dict of lists is accepted too.
         title: figure title. Defaults to None.
+        num_classes: classes of the task, for the chance line. Defaults to None.
 
     Returns:
         The figure: two axes (loss, accuracy), one line per available series.
     """
-    if isinstance(history, Mapping):  # Keras' {metric: [per epoch]}
-        keys = list(history)
-        history = [{k: history[k][i] for k in keys} for i in range(len(history[keys[0]]))]
+    history = history_rows(history)
     epochs = np.arange(1, len(history) + 1)
     fig = _figure((8.5, 3.0))
     axes = fig.subplots(1, 2)
@@ -37,13 +44,23 @@ def history_curves(history: Sequence[Mapping[str, float]], title: str | None = N
         ax.set_title(metric, fontsize=10)
         ax.set_xlabel("epoch")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
         if len(epochs) <= 20:
             ax.set_xticks(epochs)
+    _accuracy_axis(axes[1], 1 / num_classes if num_classes else None)
+    for ax in axes:
+        ax.legend(fontsize=8)
     if title:
         fig.suptitle(title, fontsize=11)
     fig.tight_layout()
     return fig
+
+
+def _accuracy_axis(ax, chance: float | None) -> None:
+    """An accuracy axis from 0 to 1, with a dotted line at chance level when known."""
+    if chance is not None:
+        label = f"chance ({chance:.2f})"
+        ax.axhline(chance, color="gray", linestyle=":", linewidth=1.2, label=label)
+    ax.set_ylim(0, 1.02)
 
 
 def confusion_matrix_plot(
@@ -128,12 +145,9 @@ def accuracy_comparison(
         values = [float(epoch.get(metric, np.nan)) for epoch in history]
         longest = max(longest, len(values))
         ax.plot(np.arange(1, len(values) + 1), values, "-" + marker, label=label, markersize=4)
-    if chance is not None:
-        label = f"chance ({chance:.2f})"
-        ax.axhline(chance, color="gray", linestyle=":", linewidth=1.2, label=label)
+    _accuracy_axis(ax, chance)
     if boundary is not None:
         ax.axvline(boundary + 0.5, color="gray", linestyle="--", linewidth=1)
-    ax.set_ylim(0, 1.02)
     ax.set_xlim(0.5, longest + 0.5)
     if longest <= 20:
         ax.set_xticks(np.arange(1, longest + 1))

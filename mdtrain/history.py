@@ -1,0 +1,29 @@
+"""Training histories as rows: one dict of metrics per epoch."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+
+def history_rows(history) -> list[dict[str, float]]:
+    """One dict of metrics per epoch, from any form a history comes in.
+
+    Args:
+        history: a Keras `History` callback, its `.history` dict of per-epoch
+            lists, or already a list of per-epoch dicts (`TrainResult.history`).
+
+    Returns:
+        `[{"loss": ..., "accuracy": ..., ...}, ...]`, one dict per epoch.
+
+    Example:
+
+    >>> history_rows({"loss": [2.0, 1.0]})
+    [{'loss': 2.0}, {'loss': 1.0}]
+    """
+    columns = getattr(history, "history", history)
+    if isinstance(columns, Sequence):
+        return [dict(row) for row in columns]
+    if not isinstance(columns, Mapping):
+        raise TypeError(f"not a training history: {type(history).__name__}")
+    epochs = len(next(iter(columns.values()), []))
+    return [{name: float(values[i]) for name, values in columns.items()} for i in range(epochs)]
