@@ -236,6 +236,7 @@ _UNSUPPORTED = (
     ("mixed_precision", False, "--mixed-precision: not under parameter-server training"),
     ("deterministic", False, "--deterministic: asynchronous updates cannot be reproduced"),
 )
+_NO_DISK_CACHE = "--cache disk: every worker would write the same cache files; use memory or none"
 
 
 def check_config(config) -> None:
@@ -247,6 +248,8 @@ def check_config(config) -> None:
     for name, default, message in _UNSUPPORTED:
         if getattr(config, name) != default:
             raise UsageError(f"{message} (see notebooks/07_choosing_a_strategy.ipynb)")
+    if config.cache == "disk":
+        raise UsageError(f"{_NO_DISK_CACHE} (see notebooks/07_choosing_a_strategy.ipynb)")
 
 
 def _dataset_fn(splits, image_size: int, batch_size: int, config):
@@ -261,7 +264,8 @@ def _dataset_fn(splits, image_size: int, batch_size: int, config):
             batch_size,
             seed=config.seed,
             augment=AugmentPolicy() if config.augment else None,
-            cache=config.cache,
+            # In each worker's memory: a disk cache would be one set of files for all.
+            cache="none" if config.cache in ("none", False) else "memory",
         )
         # Unseeded: each worker visits the same batches in its own order.
         return inputs.train_epochs(0, 1).shuffle(64).repeat()
@@ -378,7 +382,7 @@ def train(
 def _val_ds(splits, image_size: int, batch: int):
     from mdtrain.pipeline import InputData
 
-    return InputData(splits, image_size, batch, augment=None, cache=False).val_ds
+    return InputData(splits, image_size, batch, augment=None, cache="none").val_ds
 
 
 def _write_outputs(folder, net, summary: dict) -> None:

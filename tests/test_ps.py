@@ -28,6 +28,7 @@ def test_servers_get_enough_inter_op_threads():
         ("backup_dir", "bk"),
         ("fine_tune_epochs", 1),
         ("mixed_precision", True),
+        ("cache", "disk"),
     ],
 )
 def test_options_parameter_servers_lack_are_one_line_errors(option, value):
