@@ -32,7 +32,7 @@ from mdtrain.augment import AugmentPolicy, augment_batch
 from mdtrain.data import ImageList, Splits
 from mdtrain.distribute import shard_by_batch, split_batch
 from mdtrain.errors import UsageError
-from mdtrain.pipeline import AUTOTUNE, decoded_images, epoch_seed
+from mdtrain.pipeline import AUTOTUNE, InputData, decoded_images, epoch_seed
 
 __all__ = [
     "balanced_class_weights",
@@ -42,7 +42,10 @@ __all__ = [
     "per_class_recall",
     "replica_class_counts",
     "replica_slices",
+    "compare_remedies",
 ]
+
+REMEDIES = ("no remedy", "class weights", "balanced resampling")
 
 
 def balanced_class_weights(counts: Sequence[int]) -> list[float]:
@@ -312,3 +315,56 @@ def fit_and_score(
     # tracing a distributed test step for every variant.
     history = trainer.fit(train_ds, epochs=epochs, steps_per_epoch=steps_per_epoch, verbose=verbose)
     return per_class_recall(net, val_ds, num_classes), history.history
+
+
+def compare_remedies(
+    strategy: tf.distribute.Strategy,
+    splits: Splits,
+    *,
+    image_size: int,
+    global_batch_size: int,
+    epochs: int,
+    seeds: Sequence[int] = (0, 1, 2),
+    augment: AugmentPolicy | None = None,
+    learning_rate: float = 1e-3,
+) -> dict[str, np.ndarray]:
+    """Per-class validation recall of each remedy (`REMEDIES`), trained once per seed.
+
+    For each seed, the three variants start from the same initial weights
+    and see the same shuffling and augmentation: the plain shuffled data,
+    the same data with balanced class weights, and the round-robin balanced
+    stream. Each trains `epochs` × (steps of one epoch of the plain data).
+
+    Args:
+        strategy: the strategy to train under.
+        splits: imbalanced training images, balanced validation images.
+        image_size: side of the square images.
+        global_batch_size: examples per step over all replicas.
+        epochs: epochs to train each variant.
+        seeds: one run of every variant per seed. Defaults to (0, 1, 2).
+        augment: augmentation of the training data. Defaults to None.
+        learning_rate: Adam's learning rate. Defaults to 1e-3.
+
+    Returns:
+        `{remedy: recall}`, each an array of shape `(len(seeds), num_classes)`.
+    """
+    num_classes = len(splits.class_names)
+    weights = balanced_class_weights(splits.train.counts(num_classes))
+    recalls: dict[str, list] = {name: [] for name in REMEDIES}
+    for seed in seeds:
+        inputs = InputData(splits, image_size, global_batch_size, seed=seed, augment=augment)
+        balanced = balanced_dataset(splits.train, num_classes, image_size, global_batch_size,
+                                    seed=seed, augment=augment)  # fmt: skip
+        variants = {
+            "no remedy": (inputs.train_epochs(0, epochs), None),
+            "class weights": (inputs.train_epochs(0, epochs), weights),
+            "balanced resampling": (balanced, None),
+        }
+        for name, (train_ds, class_weights) in variants.items():
+            recall, _ = fit_and_score(
+                strategy, train_ds, inputs.val_ds, num_classes=num_classes,
+                image_size=image_size, epochs=epochs, steps_per_epoch=inputs.steps_per_epoch,
+                class_weights=class_weights, learning_rate=learning_rate, seed=seed,
+            )  # fmt: skip
+            recalls[name].append(recall)
+    return {name: np.asarray(values) for name, values in recalls.items()}

@@ -135,15 +135,29 @@ def make_exact(model: keras.Model) -> keras.Model:
     Returns:
         The new model.
     """
+    return swap_batch_norm(model, ExactBatchNormalization)
+
+
+def swap_batch_norm(model: keras.Model, layer_class: type) -> keras.Model:
+    """A copy of `model` whose batch-normalization layers are all of `layer_class`.
+
+    `swap_batch_norm(model, keras.layers.BatchNormalization)` undoes
+    `make_exact`: notebook 03 uses it to show what per-replica statistics do.
+
+    Args:
+        model: a functional or sequential Keras model.
+        layer_class: `ExactBatchNormalization` or `keras.layers.BatchNormalization`.
+
+    Returns:
+        The new model, with the same weights.
+    """
 
     def clone(layer):
         if isinstance(layer, keras.Model):
-            return make_exact(layer)
-        if type(layer) is keras.layers.BatchNormalization:
-            new = ExactBatchNormalization.from_config(layer.get_config())
-        else:
-            new = layer.__class__.from_config(layer.get_config())
-        return new
+            return swap_batch_norm(layer, layer_class)
+        if isinstance(layer, keras.layers.BatchNormalization):
+            return layer_class.from_config(layer.get_config())
+        return layer.__class__.from_config(layer.get_config())
 
     copy = keras.models.clone_model(model, clone_function=clone)
     copy.set_weights(model.get_weights())

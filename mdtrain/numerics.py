@@ -33,6 +33,7 @@ from mdtrain.distribute import shard_by_batch
 from mdtrain.errors import UsageError
 from mdtrain.loop import ExactTrainer, custom_fit
 from mdtrain.models import build_model, unfreeze_top
+from mdtrain.norm import swap_batch_norm
 
 LOSSES = ("exact", "keras_fit", "naive_global_batch")
 LOOPS = ("fit", "custom")
@@ -84,15 +85,15 @@ def _tiny_cnn(image_size: int, num_classes: int) -> keras.Model:
     return keras.Model(inputs, outputs, name="tiny_cnn")
 
 
-def _build_net(
-    model: str, image_size: int, num_classes: int, seed: int, weights: str, fine_tune: bool
-) -> keras.Model:
+def _build_net(model: str, image_size: int, num_classes: int, seed: int, **options) -> keras.Model:
     keras.utils.set_random_seed(seed)  # same initial weights under every strategy
     if model == "tiny":
         return _tiny_cnn(image_size, num_classes)
-    net = build_model(model, num_classes, image_size, weights=weights, dropout=0.0)
-    if fine_tune:
+    net = build_model(model, num_classes, image_size, weights=options["weights"], dropout=0.0)
+    if options["fine_tune"]:
         unfreeze_top(net)
+    if options["per_replica_batch_norm"]:  # Keras' own layer: each replica's own statistics
+        net = swap_batch_norm(net, keras.layers.BatchNormalization)
     return net
 
 
@@ -138,6 +139,7 @@ def train_weights(
     seed: int = 0,
     weights: str = "none",
     fine_tune: bool = False,
+    per_replica_batch_norm: bool = False,
 ) -> list[np.ndarray]:
     """Trains a fresh small model on `dataset` and returns its final weights.
 
@@ -166,6 +168,9 @@ def train_weights(
             `"none"`. Defaults to `"none"`.
         fine_tune: unfreeze the top of a pretrained base (`unfreeze_top`)
             before training. Defaults to False.
+        per_replica_batch_norm: use Keras' `BatchNormalization` (statistics
+            of each replica's slice) instead of mdtrain's exact layer, to see
+            what it changes. Defaults to False.
 
     Returns:
         All the model's weights (trainable, and batch-norm statistics if any), as numpy.
@@ -179,7 +184,10 @@ def train_weights(
     image_size, steps, _ = _dataset_shape(dataset)
     global_batch_size = global_batch_size or int(next(iter(dataset))[1].shape[0])
     with strategy.scope():
-        net = _build_net(model, image_size, num_classes, seed, weights, fine_tune)
+        net = _build_net(
+            model, image_size, num_classes, seed, weights=weights, fine_tune=fine_tune,
+            per_replica_batch_norm=per_replica_batch_norm,
+        )  # fmt: skip
     if loss == "naive_global_batch":
         _naive_fit(net, strategy, dataset, epochs, learning_rate, global_batch_size, class_weights)
         return net.get_weights()

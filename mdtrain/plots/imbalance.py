@@ -95,8 +95,12 @@ def recall_bars(
 ) -> Figure:
     """Grouped bars of recall per class, one bar per variant (baseline, remedies, ...).
 
+    Given several runs per variant, each bar is their mean and a whisker
+    spans the lowest to the highest run.
+
     Args:
-        recalls: `{variant: recall of each class}`.
+        recalls: `{variant: recall of each class}`, or `{variant: array of
+            shape (runs, classes)}`.
         class_names: name of each class index.
         title: axes title. Defaults to "Per-class recall".
 
@@ -108,9 +112,12 @@ def recall_bars(
     fig = _figure((max(6.0, 1.3 * k + 1.5), 3.2))
     ax = fig.subplots()
     for i, (name, values) in enumerate(recalls.items()):
+        runs = np.atleast_2d(np.asarray(values, dtype=float))
+        mean = runs.mean(axis=0)
+        spread = [mean - runs.min(axis=0), runs.max(axis=0) - mean] if len(runs) > 1 else None
         x = np.arange(k) + (i - (n - 1) / 2) * width
-        bars = ax.bar(x, np.asarray(values, dtype=float), width, label=name,
-                      color=_tab10_colors(n)[i])  # fmt: skip
+        bars = ax.bar(x, mean, width, label=name, color=_tab10_colors(n)[i], yerr=spread,
+                      error_kw=dict(elinewidth=0.8, capsize=2))  # fmt: skip
         ax.bar_label(bars, fmt="%.2f", fontsize=7, padding=1)
     ax.set_xticks(np.arange(k), class_names)
     ax.set_ylim(0, 1.15)
