@@ -96,3 +96,73 @@ def test_policy_without_transforms_is_identity():
     images = tf.zeros([2, 8, 8, 3], tf.uint8)
     none = AugmentPolicy(horizontal_flip=False, rotation_degrees=0, zoom=0)
     assert augment_batch(images, none, tf.constant([0, 0])) is images
+
+
+COLOUR = AugmentPolicy(brightness=(0.6, 1.4), contrast=0.3)
+
+
+def test_colour_draws_follow_the_policy_and_leave_geometry_unchanged():
+    seed = tf.constant([2, 9])
+    plain = sample_transforms(2000, POLICY, seed)
+    colour = {k: v.numpy() for k, v in sample_transforms(2000, COLOUR, seed).items()}
+    for key in ("theta", "zx", "zy", "flip"):  # adding colour does not move a single pixel
+        np.testing.assert_array_equal(plain[key].numpy(), colour[key])
+    assert 0.6 <= colour["brightness"].min() < 0.65 and 1.35 < colour["brightness"].max() <= 1.4
+    assert 0.7 <= colour["contrast"].min() < 0.75 and 1.25 < colour["contrast"].max() <= 1.3
+    assert set(plain["brightness"].numpy()) == {1.0} and set(plain["contrast"].numpy()) == {1.0}
+
+
+def test_brightness_is_drawn_with_image_data_generator_meaning():
+    n = 2000
+    ours = sample_transforms(n, COLOUR, tf.constant([4, 4]))["brightness"].numpy()
+    idg = tf.keras.preprocessing.image.ImageDataGenerator(**COLOUR.image_data_generator_kwargs())
+    theirs = [idg.get_random_transform((8, 8, 3), seed=i)["brightness"] for i in range(n)]
+    assert stats.ks_2samp(ours, theirs).pvalue > 1e-3
+
+
+@pytest.mark.parametrize("kernel", ["xla", "op"])
+def test_colour_is_a_gain_and_offset_in_the_same_pass(kernel):
+    images = _smooth_images(4, 32)
+    params = sample_transforms(4, COLOUR, tf.constant([1, 1]))
+    matrices = transform_matrices(params, 32, 32)
+    geometry_only = apply_transforms(tf.constant(images), matrices, kernel=kernel).numpy()
+    b, c = params["brightness"].numpy(), params["contrast"].numpy()
+    mean = images.mean(axis=(1, 2))  # per image and channel, of the source
+    expected = b[:, None, None, None] * (
+        (geometry_only - mean[:, None, None, :]) * c[:, None, None, None] + mean[:, None, None, :]
+    )
+    ours = augment_batch(tf.constant(images), COLOUR, tf.constant([1, 1]), kernel).numpy()
+    np.testing.assert_allclose(ours, expected, atol=1e-2)
+
+
+def test_uint8_colour_saturates_instead_of_wrapping():
+    white = tf.fill([2, 16, 16, 3], tf.constant(250, tf.uint8))
+    bright = AugmentPolicy(horizontal_flip=False, rotation_degrees=0, zoom=0, brightness=(1.5, 1.5))
+    out = augment_batch(white, bright, tf.constant([0, 1])).numpy()
+    assert out.dtype == np.uint8 and (out == 255).all()
+
+
+@pytest.mark.parametrize("kernel", ["xla", "op"])
+def test_nearest_sampling_equals_idg_interpolation_order_0(kernel):
+    policy = AugmentPolicy(interpolation="nearest")
+    images = np.random.default_rng(2).integers(0, 256, (3, 24, 24, 3)).astype(np.float32)
+    params = sample_transforms(3, policy, tf.constant([8, 1]))
+    ours = apply_transforms(tf.constant(images), transform_matrices(params, 24, 24),
+                            kernel=kernel, interpolation="nearest").numpy()  # fmt: skip
+    idg = tf.keras.preprocessing.image.ImageDataGenerator(**policy.image_data_generator_kwargs())
+    for i in range(3):
+        expected = idg.apply_transform(images[i], {
+            "theta": float(np.degrees(params["theta"][i])), "zx": float(params["zx"][i]),
+            "zy": float(params["zy"][i]), "flip_horizontal": bool(params["flip"][i]),
+        })  # fmt: skip
+        # Only a pixel whose source point falls on a rounding tie may pick the other neighbour.
+        assert (np.abs(ours[i] - expected).max(axis=-1) > 0).mean() < 0.01
+        assert set(np.unique(ours[i])) <= set(np.unique(images[i]))  # no blending
+
+
+@pytest.mark.parametrize(
+    "kwargs", [dict(interpolation="bicubic"), dict(brightness=(1.2, 0.8)), dict(contrast=1.0)]
+)
+def test_bad_policies_are_refused(kwargs):
+    with pytest.raises(ValueError):
+        AugmentPolicy(**kwargs)

@@ -4,10 +4,19 @@ from __future__ import annotations
 
 import os
 import shutil
+from pathlib import Path
 
 import pytest
 
-from mdtrain.data import check_dataset, load_splits, resolve_layout, scan_class_folders
+from mdtrain import data
+from mdtrain.data import (
+    cache_folder,
+    check_dataset,
+    find_undecodable,
+    load_splits,
+    resolve_layout,
+    scan_class_folders,
+)
 from mdtrain.errors import UsageError
 from mdtrain.images import sniff_format
 
@@ -109,3 +118,73 @@ def test_check_reports_everything_and_modifies_nothing(messy_dataset):
 def test_sniff_format_goes_by_content(messy_dataset):
     assert sniff_format(messy_dataset / "circle" / "really_a_jpeg.png") == "jpeg"
     assert sniff_format(messy_dataset / "circle" / "notes.jpg") is None
+
+
+@pytest.fixture
+def own_cache(tmp_path, monkeypatch):
+    folder = tmp_path / "mdtrain-cache"
+    monkeypatch.setenv("MDTRAIN_CACHE_DIR", str(folder))
+    return folder
+
+
+def _counting_scan(monkeypatch) -> list:
+    scanned = []
+    real = data._scan
+
+    def scan(files):
+        scanned.extend(files)
+        return real(files)
+
+    monkeypatch.setattr(data, "_scan", scan)
+    return scanned
+
+
+def test_decode_check_is_remembered_in_mdtraincache_never_in_the_dataset(
+    messy_dataset, tmp_path, own_cache, monkeypatch
+):
+    root = tmp_path / "copy"
+    shutil.copytree(messy_dataset, root)
+    before = {p: p.stat().st_mtime_ns for p in root.rglob("*")}
+    scanned = _counting_scan(monkeypatch)
+    first = load_splits(root)
+    assert len(scanned) == 8 * 3 + 4  # every candidate decoded once
+    assert list((own_cache / "checked").glob("*.json")) and cache_folder() == own_cache
+    scanned.clear()
+    second = load_splits(root)
+    assert scanned == []  # nothing changed: nothing decoded again
+    assert [vars(s) for s in second.skipped] == [vars(s) for s in first.skipped]
+    assert second.train.files == first.train.files
+    assert {p: p.stat().st_mtime_ns for p in root.rglob("*")} == before
+
+
+def test_a_changed_file_is_checked_again(tiny_dataset, tmp_path, own_cache, monkeypatch):
+    root = tmp_path / "copy"
+    shutil.copytree(tiny_dataset / "train", root)
+    files = sorted(str(p) for p in root.rglob("*.jpg"))
+    assert find_undecodable(files) == []
+    victim = files[3]
+    with open(victim, "r+b") as f:  # now truncated: a different size
+        f.truncate(150)
+    scanned = _counting_scan(monkeypatch)
+    bad = find_undecodable(files)
+    assert scanned == [victim] and [b.path for b in bad] == [victim]
+    os.remove(victim)
+    assert "cannot be read" in find_undecodable(files)[0].reason
+
+
+def test_remember_false_decodes_everything_and_writes_nothing(
+    tiny_dataset, own_cache, monkeypatch
+):
+    files = sorted(str(p) for p in (tiny_dataset / "train").rglob("*.jpg"))
+    scanned = _counting_scan(monkeypatch)
+    find_undecodable(files, remember=False)
+    find_undecodable(files, remember=False)
+    assert len(scanned) == 2 * len(files) and not own_cache.exists()
+
+
+def test_cache_folder_defaults_to_the_user_cache(monkeypatch, tmp_path):
+    monkeypatch.delenv("MDTRAIN_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert cache_folder() == tmp_path / "mdtrain"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    assert cache_folder() == Path.home() / ".cache" / "mdtrain"

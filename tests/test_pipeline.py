@@ -1,8 +1,9 @@
-"""InputData: global batches, epoch-determined order, resume, cache, skipped files, uint8."""
+"""InputData: global batches, epoch-determined order, resume, cache modes, skipped files, uint8."""
 
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -10,11 +11,18 @@ import tensorflow as tf
 from PIL import Image
 
 from mdtrain.data import load_splits
+from mdtrain.errors import UsageError
 from mdtrain.images import decode_image
-from mdtrain.pipeline import InputData, decoded_images, load_image
+from mdtrain.pipeline import InputData, decoded_bytes, decoded_images, load_image, resolve_cache
 from mdtrain.sources import make_synthetic_dataset
 
 SIZE, BATCH = 32, 16
+
+
+@pytest.fixture(autouse=True)
+def _own_cache_folder(tmp_path, monkeypatch):
+    """Disk caches and decode manifests go to a folder of this test's own."""
+    monkeypatch.setenv("MDTRAIN_CACHE_DIR", str(tmp_path / "mdtrain-cache"))
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +64,7 @@ def test_order_depends_only_on_seed_and_epoch(splits):
     assert not np.array_equal(np.concatenate([y for _, y in a]), np.concatenate([y for _, y in c]))
 
 
-@pytest.mark.parametrize("cache", [False, True])
+@pytest.mark.parametrize("cache", ["none", "memory", "disk", False, True])
 def test_resumed_epochs_equal_the_tail_of_an_uninterrupted_run(splits, cache):
     full = _batches(_inputs(splits, cache=cache).train_epochs(0, 3))
     resumed = _batches(_inputs(splits, cache=cache).train_epochs(2, 3))
@@ -66,15 +74,53 @@ def test_resumed_epochs_equal_the_tail_of_an_uninterrupted_run(splits, cache):
         np.testing.assert_array_equal(xa, xb)
 
 
-def test_cached_and_uncached_pipelines_give_the_same_batches(splits):
-    cached = _inputs(splits, cache=True)
-    first = _batches(cached.epoch_batches(1))
-    again = _batches(cached.epoch_batches(1))  # served from the cache
-    uncached = _batches(_inputs(splits, cache=False).epoch_batches(1))
-    for (xa, ya), (xb, _), (xc, yc) in zip(first, again, uncached, strict=True):
+@pytest.mark.parametrize("epoch", [0, 1, 2])
+def test_memory_cache_and_streaming_give_the_same_batches(splits, epoch):
+    cached = _inputs(splits, cache="memory")
+    assert cached.cache_mode == "memory"
+    first = _batches(cached.epoch_batches(epoch))  # epoch 0 fills the cache while streaming
+    again = _batches(cached.epoch_batches(epoch))  # served from the cache
+    streamed = _batches(_inputs(splits, cache="none").epoch_batches(epoch))
+    for (xa, ya), (xb, _), (xc, yc) in zip(first, again, streamed, strict=True):
         np.testing.assert_array_equal(ya, yc)
         np.testing.assert_array_equal(xa, xc)
         np.testing.assert_array_equal(xa, xb)
+
+
+def test_disk_cache_writes_only_to_its_folder_and_keeps_every_image(splits, tmp_path):
+    data_root = splits.train.files[0].rsplit("/", 3)[0]
+    before = sorted(str(p) for p in Path(data_root).rglob("*"))
+    disk = _inputs(splits, cache="disk", cache_dir=tmp_path / "cache")
+    streamed = _inputs(splits, cache="none")
+    first = _batches(disk.epoch_batches(0))
+    for (xa, ya), (xb, yb) in zip(first, _batches(streamed.epoch_batches(0)), strict=True):
+        np.testing.assert_array_equal(ya, yb)  # epoch 0 is the same streamed order
+        np.testing.assert_array_equal(xa, xb)
+    later = np.concatenate([y for _, y in _batches(disk.epoch_batches(1))])
+    assert sorted(later) == sorted(splits.train.labels)
+    assert list((tmp_path / "cache").glob("mdtrain-*/train.index"))
+    after = sorted(str(p) for p in Path(data_root).rglob("*"))
+    assert before == after  # nothing written beside the user's images
+
+
+def test_cache_modes_resolve_by_the_memory_available():
+    need = decoded_bytes(1000, 224)
+    assert need == 1000 * 224 * 224 * 3
+    assert resolve_cache("auto", 1000, 224, available=4 * need) == "memory"
+    assert resolve_cache("auto", 1000, 224, available=2 * need) == "none"
+    assert resolve_cache("auto", 1000, 224, "/tmp/x", available=2 * need) == "disk"
+    assert resolve_cache(True, 1000, 224) == "memory" and resolve_cache(False, 1, 8) == "none"
+    for mode in ("memory", "disk", "none"):
+        assert resolve_cache(mode, 10**9, 224, available=1) == mode
+    with pytest.raises(UsageError, match="--cache 'ram'"):
+        resolve_cache("ram", 10, 8)
+
+
+def test_streaming_holds_names_not_images_in_its_shuffle(splits):
+    """`none` shuffles file names: its graph has no shuffle after the decoder."""
+    ds = _inputs(splits, cache="none").epoch_batches(3)
+    graph = ds._as_serialized_graph().numpy().decode("latin-1")
+    assert graph.index("ShuffleDataset") < graph.index("ParallelMapDatasetV2")
 
 
 def test_non_deterministic_order_keeps_every_image(splits):

@@ -40,6 +40,10 @@ RATIOS = {
     "nearest_vs_noaug": ("tfdata_nearest", "tfdata_noaug"),
     "cached_augment_vs_raw_decode": ("tfdata_cached_augment", "raw_decode"),
     "keras_layers_vs_keras_directory": ("keras_directory_layers", "keras_directory"),
+    "cached_augment_vs_keras_layers_cached": (
+        "tfdata_cached_augment",
+        "keras_directory_layers_cached",
+    ),
 }
 
 #: The images/sec keys of `pipeline_benchmark`'s result, with their chart labels, in the
@@ -47,6 +51,7 @@ RATIOS = {
 PIPELINE_KEYS = {
     "imagedatagenerator": "ImageDataGenerator + augment",
     "keras_directory_layers": "image_dataset_from_directory + Keras layers",
+    "keras_directory_layers_cached": "image_dataset_from_directory + Keras layers, cached epoch",
     "keras_directory": "image_dataset_from_directory, no augment",
     "tfdata": "mdtrain + augment",
     "tfdata_nearest": "mdtrain + augment, nearest sampling",
@@ -61,7 +66,8 @@ NOTES = (
     "untimed epoch; imagedatagenerator on IDG_BATCHES batches (it has no fill). "
     "keras_directory: image_dataset_from_directory(...).cache().shuffle(1000).prefetch(AUTOTUNE), "
     "its first epoch; keras_directory_layers: the same with RandomFlip, RandomRotation, "
-    "RandomZoom, RandomBrightness and RandomContrast mapped over batches in parallel. "
+    "RandomZoom, RandomBrightness and RandomContrast mapped over batches in parallel; "
+    "keras_directory_layers_cached: its second epoch, read from its cache. "
     "tfdata*: InputData with cache='none' (every epoch decodes); tfdata_cached*: a later epoch "
     "of cache='memory'. Augmented variants: flip, rotation 20 deg, zoom 0.15, brightness "
     "(0.8, 1.2), contrast 0.2."
@@ -245,11 +251,14 @@ def _pipeline_variants(data_dir: Path, image_size: int, batch_size: int):
     def keras(policy=None):
         return lambda: iter(keras_directory(train_dir, image_size, batch_size, policy))
 
+    cached_keras = keras_directory(train_dir, image_size, batch_size, policy)
+
     args = (splits, image_size, batch_size, steps)
     variants = {
         "imagedatagenerator": _Variant(lambda: idg, min(len(idg), IDG_BATCHES), warmup=1),
         "keras_directory_layers": whole_epochs(keras(policy), steps),
         "keras_directory": whole_epochs(keras(), steps),
+        "keras_directory_layers_cached": whole_epochs(lambda: iter(cached_keras), steps),
         "tfdata": _input_data_variant(*args, "none", augment=policy),
         "tfdata_nearest": _input_data_variant(
             *args, "none", augment=bench_policy(interpolation="nearest")
