@@ -58,3 +58,11 @@ def test_preprocess_up_front_freezes_one_epoch_in_memory(train_dir):
     epoch1 = np.concatenate([x for x, _ in ds])
     epoch2 = np.concatenate([x for x, _ in ds])
     np.testing.assert_array_equal(epoch1, epoch2)  # the same augmented copy every epoch
+
+
+def test_the_benchmark_policy_runs_in_the_generator_with_brightness(train_dir):
+    darker = AugmentPolicy(horizontal_flip=False, rotation_degrees=0, zoom=0, brightness=(0.5, 0.5))
+    plain = next(flow_from_directory(train_dir, SIZE, BATCH, None, shuffle=False))[0]
+    dark = next(flow_from_directory(train_dir, SIZE, BATCH, darker, shuffle=False))[0]
+    # brightness_range multiplies (PIL's ImageEnhance.Brightness), as AugmentPolicy.brightness does
+    np.testing.assert_allclose(dark.mean(), plain.mean() * 0.5, rtol=0.02)
