@@ -125,7 +125,9 @@ def _add_train(sub) -> None:
 def _add_bench(sub) -> None:
     bench = sub.add_parser("bench", help="measure input pipelines and training steps")
     bsub = bench.add_subparsers(dest="bench_command", required=True, parser_class=_Parser)
-    p = bsub.add_parser("pipeline", help="ImageDataGenerator vs tf.data, images/sec")
+    p = bsub.add_parser(
+        "pipeline", help="image_dataset_from_directory, ImageDataGenerator, tf.data: images/sec"
+    )
     p.add_argument("--data")
     p.add_argument("--image-size", type=_positive_int, default=224)
     p.add_argument("--batch-size", type=_positive_int, default=32)
