@@ -55,7 +55,8 @@ def test_every_notebook_has_the_same_setup_cell():
     cells = {path.name: _first_code_cell(path) for path in NOTEBOOKS}
     canonical = cells[NOTEBOOKS[0].name]
     assert canonical.startswith("# Setup: ") and 'MDTRAIN_SOURCE = ""' in canonical
-    assert {name for name, cell in cells.items() if cell != canonical} == set()
+    differ = sorted(name for name, cell in cells.items() if cell != canonical)
+    assert not differ, f"copy the first code cell of {NOTEBOOKS[0].name} into {differ}"
 
 
 def test_only_the_setup_cell_runs_pip_and_it_names_no_package():
@@ -88,6 +89,39 @@ def test_setup_cell_stops_in_one_line_without_installing(tmp_path, source, line)
     )
     assert done.returncode == 1 and done.stdout == ""
     assert done.stderr.count("\n") == 1 and done.stderr.startswith(line), done.stderr
+
+
+def _run_setup_cell(tmp_path: Path, kaggle_input: Path) -> subprocess.CompletedProcess:
+    cell = _first_code_cell(NOTEBOOKS[0]).replace('"/kaggle/input/"', repr(f"{kaggle_input}/"))
+    (tmp_path / "setup_cell.py").write_text(cell)
+    # -S: no site-packages, so neither mdtrain nor pip can be imported: pip "fails" at once.
+    return subprocess.run(
+        [sys.executable, "-I", "-S", "setup_cell.py"], cwd=tmp_path, capture_output=True, text=True
+    )
+
+
+@pytest.mark.parametrize(
+    ("where", "found"),
+    [("mdtrain-wheel", True), ("datasets/me/mdtrain-wheel/v2", True), ("a/b/c/d/e", False)],
+)
+def test_setup_cell_finds_a_wheel_attached_on_kaggle(tmp_path, where, found):
+    wheel = tmp_path / "input" / where / "mdtrain-0.1.0-py3-none-any.whl"
+    wheel.parent.mkdir(parents=True)
+    wheel.write_bytes(b"not really a wheel")
+    done = _run_setup_cell(tmp_path, tmp_path / "input")
+    last = done.stderr.strip().splitlines()[-1]
+    if found:  # it ran pip on the wheel it found
+        assert last == f"pip could not install {wheel} (its message is above)."
+    else:  # 5 folders deep: not searched
+        assert last.startswith("mdtrain is not installed: attach its wheel")
+
+
+def test_setup_cell_refuses_to_guess_between_two_wheels(tmp_path):
+    for version in ("0.1.0", "0.2.0"):
+        (tmp_path / f"mdtrain-{version}-py3-none-any.whl").write_bytes(b"")
+    done = _run_setup_cell(tmp_path, tmp_path / "no-input")
+    assert done.stderr.startswith("several mdtrain wheels found, set MDTRAIN_SOURCE to one of: ")
+    assert done.stderr.count("\n") == 1 and done.stderr.count(".whl") == 2
 
 
 def test_the_version_lives_in_one_place():
