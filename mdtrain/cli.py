@@ -98,27 +98,30 @@ def _add_train(sub) -> None:
                    help="peak learning rate (cosine decay to a tenth)")
     t.add_argument("--strategy", default="auto",
                    help="auto, mirrored, multiworker, tpu, one or cpu:N (N virtual CPU replicas)")
-    t.add_argument("--loop", default="fit", choices=LOOPS,
-                   help="model.fit, or the custom strategy.run loop (same weights)")
+    t.add_argument("--loop", default="fit",
+                   help=f"{' or '.join(LOOPS)}: model.fit, or the custom strategy.run loop "
+                   "(same weights)")  # fmt: skip
     t.add_argument("--mixed-precision", action="store_true",
                    help="float16 on GPUs (loss-scaled), bfloat16 elsewhere")
     t.add_argument("--no-augment", dest="augment", action="store_false",
                    help="train without random flips, rotations, zooms and colour changes")
     t.add_argument("--dropout", type=float, default=0.2, help="dropout before the last layer")
-    t.add_argument("--class-weight", default="none", choices=CLASS_WEIGHTS,
-                   help="auto: balanced class weights in the loss")
+    t.add_argument("--class-weight", default="none",
+                   help=f"{' or '.join(CLASS_WEIGHTS)}: auto weighs the loss to balance the classes")
     t.add_argument("--seed", type=int, default=0,
                    help="seed of weights, shuffling and augmentation")
     t.add_argument("--deterministic", action="store_true",
                    help="bit-reproducible runs (slower)")
-    t.add_argument("--cache", default="auto", choices=CACHE_MODES,
-                   help="where decoded images are kept: auto picks memory when they fit")
+    t.add_argument("--cache", default="auto",
+                   help=f"{', '.join(CACHE_MODES)}: where decoded images are kept; auto keeps "
+                   "them in memory when they fit, else streams")  # fmt: skip
     t.add_argument("--backup-dir", help="back up to this folder every epoch, and resume from it")
     t.add_argument("--backup-every-steps", type=_positive_int,
                    help="also back up every N steps within an epoch (needs --backup-dir)")
     t.add_argument("--output", help="new folder for model.keras, history.json, report.json")
-    t.add_argument("--monitor", default="auto", choices=MONITOR_DISPLAYS,
-                   help="live dashboard in notebooks, a text line per epoch elsewhere")
+    t.add_argument("--monitor", default="auto",
+                   help=f"{', '.join(MONITOR_DISPLAYS)}: auto is a live dashboard in notebooks, "
+                   "a text line per epoch elsewhere")  # fmt: skip
     t.add_argument("--json", action="store_true", help="end with one JSON summary line")
 
 
