@@ -107,7 +107,7 @@ def _add_train(sub) -> None:
                    help="train without random flips, rotations, zooms and colour changes")
     t.add_argument("--dropout", type=float, default=0.2, help="dropout before the last layer")
     t.add_argument("--class-weight", default="none",
-                   help=f"{' or '.join(CLASS_WEIGHTS)}: auto weighs the loss to balance the classes")
+                   help=f"{' or '.join(CLASS_WEIGHTS)}: auto weighs the loss to balance classes")
     t.add_argument("--seed", type=int, default=0,
                    help="seed of weights, shuffling and augmentation")
     t.add_argument("--deterministic", action="store_true",
