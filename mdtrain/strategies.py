@@ -241,8 +241,10 @@ def _sync_row(name: str, strategy, smoke: bool) -> Row:
 
     compare, timing = _datasets(smoke)
     reference = make_strategy("one")  # the GPU where there is one: same kernels as the replicas
+    # One epoch at a small step: over many steps of SGD on random labels, rounding
+    # differences grow chaotically (2 epochs at 0.1: 5e-2), which says nothing of the sums.
     fit, custom = compare_with_reference(
-        [strategy], compare, reference=reference, epochs=1 if smoke else 2, model=MODEL
+        [strategy], compare, reference=reference, epochs=1, learning_rate=0.01, model=MODEL
     )
     row = Row(
         name,
