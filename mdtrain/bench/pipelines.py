@@ -218,11 +218,12 @@ def _input_data_variant(splits, image_size, batch_size, steps, cache: str, **kw)
     from mdtrain.pipeline import InputData
 
     data = InputData(splits, image_size, batch_size, cache=cache, **kw)
+    # As training gets them: train_epochs (prefetched, with the pipeline's options).
     if cache == "none":
-        return whole_epochs(lambda: iter(data.epoch_batches(1)), steps)
+        return whole_epochs(lambda: iter(data.train_epochs(1, 2)), steps)
     # Epoch 0 fills the cache (untimed); every timing is epoch 1, read from it.
-    return _Variant(lambda: iter(data.epoch_batches(1)), steps,
-                    prime=lambda: _take(iter(data.epoch_batches(0)), steps))  # fmt: skip
+    return _Variant(lambda: iter(data.train_epochs(1, 2)), steps,
+                    prime=lambda: _take(iter(data.train_epochs(0, 1)), steps))  # fmt: skip
 
 
 def _pipeline_variants(data_dir: Path, image_size: int, batch_size: int):
