@@ -313,7 +313,8 @@ def fit_and_score(
         trainer.compile(optimizer=keras.optimizers.Adam(learning_rate))
     # No validation inside fit: recall is measured once at the end, which saves
     # tracing a distributed test step for every variant.
-    history = trainer.fit(train_ds, epochs=epochs, steps_per_epoch=steps_per_epoch, verbose=verbose)
+    history = trainer.fit(train_ds, epochs=epochs, steps_per_epoch=steps_per_epoch, shuffle=False,
+                          verbose=verbose)  # fmt: skip
     return per_class_recall(net, val_ds, num_classes), history.history
 
 
