@@ -12,7 +12,7 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-TESTED_KERAS = ((3, 0), (3, 15))  # oldest and newest minor releases tested
+TESTED_KERAS = ((3, 15), (3, 15))  # oldest and newest minor releases tested (pyproject's extras)
 
 _NEEDED = (
     (keras.Model, "_maybe_symbolic_build"),
