@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import time
 
 from mdtrain.bench.common import _bench_data, _check_positive, _write, machine_info
+from mdtrain.bench.replicas import VARIANTS, replica_benchmark, run_worker, throughput_worker
 from mdtrain.errors import UsageError
 
 
@@ -38,6 +35,8 @@ def _step_rate(strategy, trainer, ds, steps: int, warmup: int = 2) -> tuple[floa
 
 def _train_worker(config: dict) -> dict:
     """Runs inside a fresh process: builds both strategies and times their steps."""
+    if config.get("kind") == "throughput":
+        return throughput_worker(config)
     from mdtrain.distribute import configure_devices
 
     configure_devices("cpu:2")
@@ -91,14 +90,19 @@ def train_benchmark(
     batch_size: int = 32,
     steps: int = 20,
     output=None,
+    repeats: int = 3,
+    replica_epochs: int = 3,
 ) -> dict:
-    """Is training input-bound? Step time with the real pipeline vs one cached batch.
+    """Is training input-bound, and do CPU replicas pay for themselves?
 
     In a fresh Python process (virtual CPU devices must be set before
     TensorFlow starts), times `steps` training steps of `model` on one
     replica fed by `InputData` (decode, augment, first epoch), then fed one
     batch held in memory, then the same global batch on two virtual CPU
-    replicas (`cpu:2`, MirroredStrategy).
+    replicas (`cpu:2`, MirroredStrategy). Then the README's main job
+    (small-cnn, 64 px, global batch 64) in fresh processes, `repeats` rounds
+    interleaved: plain Keras `fit` without a strategy, `mdtrain train` and
+    `mdtrain train --strategy one` (`mdtrain.bench.replicas`).
 
     Args:
         data: dataset folder; None uses the benchmark set. Defaults to None.
@@ -108,12 +112,17 @@ def train_benchmark(
         steps: timed steps per configuration (after 2 warm-up steps). Defaults to 20.
         output: a folder (gets `train.json` and `train.png`) or a `.json`
             path. Defaults to None.
+        repeats: rounds of the plain-Keras comparison. Defaults to 3.
+        replica_epochs: epochs per run of that comparison (the first is
+            not timed). Defaults to 3.
 
     Returns:
         A dict: `step_s_real_pipeline`, `step_s_cached_batch`,
         `input_bound_ratio` (their quotient, 1.0 = not input-bound),
         `input_wait_share`, `verdict` (`mdtrain.monitor.verdict`'s sentence),
         `step_s_1_replica`, `step_s_2_replicas`, `two_replica_speedup`,
+        `vs_keras_fit` (`replica_benchmark`'s result: images per second,
+        CPU seconds per image and the ratios to plain Keras),
         `cpu_count`, `machine` and the settings.
 
     Raises:
@@ -122,7 +131,9 @@ def train_benchmark(
     from mdtrain.choices import check_model_name
     from mdtrain.monitor import verdict
 
-    _check_positive(image_size=image_size, batch_size=batch_size, steps=steps)
+    _check_positive(image_size=image_size, batch_size=batch_size, steps=steps, repeats=repeats)
+    if replica_epochs < 2:
+        raise UsageError(f"--replica-epochs {replica_epochs}: must be at least 2 (one is warm-up)")
     check_model_name(model)
     if batch_size < 2:
         raise UsageError(f"--batch-size {batch_size}: must be at least 2 (two replicas)")
@@ -133,15 +144,8 @@ def train_benchmark(
                   batch_size=batch_size, steps=steps)  # fmt: skip
     start = time.perf_counter()
     # The worker is `mdtrain/bench/__main__.py`, in a process TensorFlow has not started in.
-    proc = subprocess.run(
-        [sys.executable, "-m", "mdtrain.bench", json.dumps(config)],
-        capture_output=True, text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
-    )  # fmt: skip
-    lines = proc.stdout.strip().splitlines()
-    if proc.returncode != 0 or not lines:
-        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        raise UsageError(f"bench train failed (exit {proc.returncode}): {tail}")
-    timed = json.loads(lines[-1])
+    timed = run_worker(config)
+    versus = replica_benchmark(str(data_dir), repeats, replica_epochs)
     ratio = timed["step_s_real_pipeline"] / timed["step_s_cached_batch"]
     machine = machine_info()
     result = {
@@ -154,6 +158,7 @@ def train_benchmark(
         # The monitor's verdict, from the same evidence it uses: the measured input wait.
         "verdict": verdict(timed["input_wait_share"], None),
         "two_replica_speedup": round(timed["step_s_1_replica"] / timed["step_s_2_replicas"], 3),
+        "vs_keras_fit": versus,
         "cpu_count": machine["cpu_count"],
         "model": model,
         "image_size": image_size,
@@ -167,7 +172,9 @@ def train_benchmark(
             "real pipeline, 1 replica": result["images_per_sec_real_pipeline"],
             "cached batch, 1 replica": result["images_per_sec_cached_batch"],
             "cached batch, 2 CPU replicas": round(batch_size / timed["step_s_2_replicas"], 1),
-        }
+            **{f"main job: {versus[k]['what']}": versus[k]["images_per_sec"]["median"]
+               for k in VARIANTS},
+        }  # fmt: skip
         title = f"Training {model} at {image_size} px, global batch {batch_size}"
         _write(result, output, "train", bars, None, title)
     return result
