@@ -93,7 +93,11 @@ def _keras_fit(data: str, epochs: int, timer) -> int:
     schedule = keras.optimizers.schedules.CosineDecay(
         2e-3, decay_steps=epochs * inputs.steps_per_epoch, alpha=0.1
     )
-    net.compile(keras.optimizers.Adam(schedule), "sparse_categorical_crossentropy", ["accuracy"])
+    net.compile(
+        optimizer=keras.optimizers.Adam(schedule),
+        loss="sparse_categorical_crossentropy",
+        metrics=["accuracy"],
+    )
     net.fit(inputs.train_epochs(0, epochs), epochs=epochs, steps_per_epoch=inputs.steps_per_epoch,
             validation_data=inputs.val_ds, verbose=0, callbacks=[timer])  # fmt: skip
     return inputs.num_train

@@ -1,0 +1,51 @@
+"""Plain Keras `fit` vs `mdtrain train` (default and `--strategy one`) on the main job.
+
+Runs only the comparison part of `mdtrain bench train` (`mdtrain.bench.replicas`)
+and stores it as `vs_keras_fit` in `benchmarks/train.json`, keeping the
+input-bound figures already there, then redraws `benchmarks/train.png`.
+
+Usage, from the repository root:
+
+    python benchmarks/replicas.py [--repeats 3] [--epochs 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from mdtrain.bench.common import _bench_data, _write, machine_info
+from mdtrain.bench.replicas import VARIANTS, replica_benchmark
+
+HERE = Path(__file__).resolve().parent
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--epochs", type=int, default=3)
+    args = parser.parse_args()
+    path = HERE / "train.json"
+    result = json.loads(path.read_text())
+    start = time.perf_counter()
+    versus = replica_benchmark(str(_bench_data(None)), args.repeats, args.epochs)
+    versus["seconds"] = round(time.perf_counter() - start, 1)
+    versus["machine"] = machine_info()  # the load average when the comparison ended
+    result["vs_keras_fit"] = versus
+    bars = {
+        "real pipeline, 1 replica": result["images_per_sec_real_pipeline"],
+        "cached batch, 1 replica": result["images_per_sec_cached_batch"],
+        "cached batch, 2 CPU replicas": round(
+            result["batch_size"] / result["step_s_2_replicas"], 1
+        ),
+        **{f"main job: {VARIANTS[k]}": versus[k]["images_per_sec"]["median"] for k in VARIANTS},
+    }
+    title = f"Training, images/s ({result['model']} at {result['image_size']} px; main job)"
+    _write(result, HERE, "train", bars, None, title)
+    print(json.dumps(versus["ratios"]))
+
+
+if __name__ == "__main__":
+    main()
