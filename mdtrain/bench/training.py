@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 from mdtrain.bench.common import _bench_data, _check_positive, _write, machine_info
@@ -37,11 +38,16 @@ def _train_worker(config: dict) -> dict:
     """Runs inside a fresh process: builds both strategies and times their steps."""
     if config.get("kind") == "throughput":
         return throughput_worker(config)
+    import tensorflow as tf
+
     from mdtrain.distribute import configure_devices
 
+    # One process times both strategies, so both get TensorFlow's default pool (all
+    # cores) rather than configure_devices' share per replica; the fresh-process
+    # comparison (`replica_benchmark`) measures what `mdtrain train` really gets.
+    tf.config.threading.set_intra_op_parallelism_threads(os.cpu_count() or 1)
     configure_devices("cpu:2")
     import keras
-    import tensorflow as tf
 
     from mdtrain.data import load_splits
     from mdtrain.distribute import make_strategy
