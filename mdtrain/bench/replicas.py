@@ -167,6 +167,8 @@ def replica_benchmark(data: str, repeats: int = 3, epochs: int = 3) -> dict:
         for name in VARIANTS:
             config = {"kind": "throughput", "variant": name, "data": data, "epochs": epochs}
             runs[name].append(run_worker(config))
+            rate = runs[name][-1]["images_per_sec"]
+            print(f"bench train: {name} {rate:.1f} images/s", file=sys.stderr, flush=True)
     out: dict = {"workload": dict(MAIN_JOB, epochs=epochs, timed_epochs=epochs - 1)}
     for name, rs in runs.items():
         out[name] = {
