@@ -87,7 +87,7 @@ _SCRIPT = textwrap.dedent(
 @pytest.fixture(scope="module")
 def measured() -> dict:
     proc = subprocess.run(
-        [sys.executable, "-c", _SCRIPT], capture_output=True, text=True, timeout=900
+        [sys.executable, "-c", _SCRIPT], capture_output=True, text=True, timeout=2400
     )
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, proc.stderr[-3000:]
