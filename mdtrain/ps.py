@@ -197,8 +197,9 @@ def train_steps(
     Returns:
         The `PSHistory`.
     """
-    with strategy.scope():
-        trainer.optimizer.build(trainer.net.trainable_variables)  # on the ps, before any step
+    from mdtrain.loop import build_optimizer
+
+    build_optimizer(trainer)  # on the ps, before any step
     iterator = iter(coord.create_per_worker_dataset(dataset_fn))
 
     @tf.function

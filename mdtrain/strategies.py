@@ -215,13 +215,13 @@ def _step_ms(strategy, dataset, steps: int = 10) -> float:
 
     import keras
 
-    from mdtrain.loop import ExactTrainer, compiled_step
+    from mdtrain.loop import ExactTrainer, build_optimizer, compiled_step
     from mdtrain.models import build_model
 
     with strategy.scope():
         trainer = ExactTrainer(build_model("small-cnn", 3, 32, dropout=0.0))
         trainer.compile(optimizer=keras.optimizers.SGD(0.01))
-        trainer.optimizer.build(trainer.net.trainable_variables)
+    build_optimizer(trainer)
     dist = strategy.experimental_distribute_dataset(dataset.repeat())
     step = compiled_step(strategy, trainer.train_step, dist.element_spec)
     iterator = iter(dist)
