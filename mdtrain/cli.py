@@ -54,19 +54,19 @@ def _add_data(sub) -> None:
     synth = dsub.add_parser(
         "synth", help="write the synthetic demo dataset (JPEG, train/ and val/)"
     )
-    synth.add_argument("out")
-    synth.add_argument("--classes", type=int, default=5)
-    synth.add_argument("--per-class", type=int, default=300)
-    synth.add_argument("--image-size", type=int, default=256)
-    synth.add_argument("--seed", type=int, default=0)
+    synth.add_argument("out", help="new folder for the dataset")
+    synth.add_argument("--classes", type=int, default=5, help="number of shape classes (2-5)")
+    synth.add_argument("--per-class", type=int, default=300, help="training images per class")
+    synth.add_argument("--image-size", type=int, default=256, help="side of the images, pixels")
+    synth.add_argument("--seed", type=int, default=0, help="seed of the drawing")
     digits = dsub.add_parser("digits", help="write scikit-learn's handwritten digits (PNG)")
-    digits.add_argument("out")
+    digits.add_argument("out", help="new folder for the dataset")
     flowers = dsub.add_parser("flowers", help="download TensorFlow's flower photos (needs network)")
-    flowers.add_argument("--cache-dir", default="data")
+    flowers.add_argument("--cache-dir", default="data", help="where the download is kept")
     check = dsub.add_parser(
         "check", help="report classes, counts, unreadable and mislabelled files"
     )
-    check.add_argument("dir")
+    check.add_argument("dir", help="a class-folder dataset (train/ and val/, or class folders)")
     check.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -152,20 +152,25 @@ def _add_launch(sub) -> None:
         "launch", help="run `mdtrain train --strategy multiworker` as N local workers",
         usage="mdtrain launch --workers N [--ps M] [--restarts R] [--gpus-per-worker K] -- <args>",
     )  # fmt: skip
-    la.add_argument("--workers", type=_positive_int, required=True)
+    la.add_argument("--workers", type=_positive_int, required=True,
+                    help="worker processes on this machine (127.0.0.1 only)")  # fmt: skip
     la.add_argument(
         "--ps", type=int, default=0, metavar="M",
         help="M parameter servers: asynchronous parameter-server training (notebook 07)",
     )  # fmt: skip
-    la.add_argument("--restarts", type=int, default=0)
-    la.add_argument("--log-dir")
-    la.add_argument("--hang-timeout", type=float, default=300.0)
+    la.add_argument("--restarts", type=int, default=0,
+                    help="restart all workers up to R times when one fails")  # fmt: skip
+    la.add_argument("--log-dir", help="per-worker logs (default: a temporary folder)")
+    la.add_argument("--hang-timeout", type=float, default=300.0,
+                    help="seconds after which workers count as stuck: one finished and the "
+                    "others not, or none printed anything")  # fmt: skip
     la.add_argument(
         "--gpus-per-worker", type=int, default=None, metavar="K",
         help="GPUs in each worker's CUDA_VISIBLE_DEVICES (default: the GPUs split evenly; "
         "0: workers on the CPU)",
     )  # fmt: skip
-    la.add_argument("train_args", nargs=argparse.REMAINDER)
+    la.add_argument("train_args", nargs=argparse.REMAINDER,
+                    help="after --: the mdtrain train arguments (a leading 'train' is fine)")
 
 
 def _add_predict(sub) -> None:
