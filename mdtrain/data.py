@@ -17,6 +17,7 @@ import hashlib
 import json
 import os
 import random
+import re
 import tempfile
 from collections import Counter
 from dataclasses import dataclass, field
@@ -193,9 +194,14 @@ def _stat_key(path: str) -> list[int] | None:
     return [st.st_size, st.st_mtime_ns]
 
 
+#: Version of the decode-check manifest; a manifest of another version is scanned again.
+_MANIFEST_VERSION = 2
+
+
 def _load_manifest(path: Path) -> dict:
     try:
-        return json.loads(path.read_text())["files"]
+        manifest = json.loads(path.read_text())
+        return manifest["files"] if manifest["version"] == _MANIFEST_VERSION else {}
     except (OSError, ValueError, KeyError, TypeError):
         return {}  # none yet, or unreadable: scan again
 
@@ -206,7 +212,7 @@ def _save_manifest(path: Path, entries: dict) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
         with os.fdopen(fd, "w") as f:
-            json.dump({"version": 1, "files": entries}, f)
+            json.dump({"version": _MANIFEST_VERSION, "files": entries}, f)
         os.replace(tmp, path)
     except OSError:
         pass
@@ -284,8 +290,15 @@ def _decode_error(path: str) -> str:
     try:
         decode_image(tf.io.read_file(path))
     except Exception as e:  # TensorFlow raises several types; any of them means "unreadable"
-        return str(getattr(e, "message", e)).strip().splitlines()[0][:200] or type(e).__name__
+        return _one_line(str(getattr(e, "message", e))) or type(e).__name__
     return "could not be decoded"
+
+
+def _one_line(message: str) -> str:
+    """TensorFlow's error without its graph-node prefix and op suffix, on one line."""
+    line = message.strip().splitlines()[0] if message.strip() else ""
+    line = re.sub(r"\{\{[^}]*\}\}\s*", "", line)  # {{function_node ...}}
+    return re.sub(r"\s*\[Op:\w+\].*$", "", line).strip()[:200]
 
 
 def drop_undecodable(images: ImageList) -> tuple[ImageList, list[SkippedFile]]:
