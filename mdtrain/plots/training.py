@@ -154,7 +154,7 @@ def accuracy_comparison(
     ax.set_xlabel("epoch")
     ax.set_ylabel(metric.replace("_", " "))
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="lower right")
+    ax.legend(fontsize=8, loc="best")
     if title:
         ax.set_title(title, fontsize=10)
     fig.tight_layout()
