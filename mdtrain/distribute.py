@@ -20,6 +20,7 @@ in a fresh process (the CLI does).
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 
@@ -27,6 +28,7 @@ import tensorflow as tf
 
 from mdtrain.choices import CPU_STRATEGY as _CPU
 from mdtrain.choices import STRATEGIES, check_batch_sizes, check_strategy_name
+from mdtrain.compat import fresh_collective_keys
 from mdtrain.errors import UsageError, bad_value
 
 __all__ = ["STRATEGIES", "check_strategy_name"]  # re-exported for convenience
@@ -46,6 +48,40 @@ def _virtual_cpus(n: int) -> None:
                 "virtual CPUs must be set before any TensorFlow work: restart the Python "
                 "process or notebook kernel and call configure_devices first"
             ) from None
+
+
+def _processes_on_this_host() -> int:
+    """Tasks of the `TF_CONFIG` cluster on this task's host (`mdtrain launch`: all); else 1."""
+    try:
+        config = json.loads(os.environ.get("TF_CONFIG") or "{}")
+        cluster, task = config["cluster"], config["task"]
+        host = cluster[task["type"]][int(task["index"])].rsplit(":", 1)[0]
+        return max(1, sum(a.rsplit(":", 1)[0] == host for v in cluster.values() for a in v))
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError):
+        return 1
+
+
+def _cpu_runtime(replicas: int) -> None:
+    """Pooled CPU memory, and each CPU replica its share of the cores.
+
+    Both must be set before TensorFlow creates its first device; a value the
+    user set (environment variable, `tf.config.threading`) is kept. Measured
+    in `benchmarks/README.md` (training section).
+    """
+    # TensorFlow's default CPU allocator mallocs and frees every activation, and glibc
+    # maps and unmaps the large ones each step: the page faults cost as much CPU time
+    # as a third of the step. The BFC allocator keeps freed memory in a pool.
+    os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
+    if replicas < 2 or tf.config.threading.get_intra_op_parallelism_threads():
+        return
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    try:
+        # Virtual CPUs share one intra-op pool: with every replica's ops spread over every
+        # core, their threads contend (spinning, stealing); one share each does the same
+        # work with less CPU time, and replicas of one step still run side by side.
+        tf.config.threading.set_intra_op_parallelism_threads(max(1, (cores or 1) // replicas))
+    except RuntimeError:
+        pass  # TensorFlow has started: its pools stay as they are
 
 
 def configure_devices(strategy: str = "auto") -> None:
@@ -68,10 +104,14 @@ def configure_devices(strategy: str = "auto") -> None:
         except RuntimeError:
             pass  # devices already initialised: growth was set before, or cannot be now
     m = _CPU.match(strategy)
+    replicas = int(m.group(1)) if m else 1
     if m:
-        _virtual_cpus(int(m.group(1)))
+        _virtual_cpus(replicas)
     elif strategy == "auto" and not gpus and not _tpu_available():
-        _virtual_cpus(2)
+        replicas = 2
+        _virtual_cpus(replicas)
+    if m or (not gpus and strategy != "tpu"):
+        _cpu_runtime(replicas * _processes_on_this_host())
 
 
 def _tpu_available() -> bool:
@@ -146,6 +186,10 @@ def make_strategy(strategy: str = "auto") -> tf.distribute.Strategy:
     2
     """
     check_strategy_name(strategy)
+    # A new MirroredStrategy over the devices of an earlier one would reuse its
+    # collective keys ("Shape mismatch in the collective instance" on the second
+    # train() call of a notebook): give each its own.
+    fresh_collective_keys()
     gpus = tf.config.list_logical_devices("GPU")
     if strategy == "auto":
         if _tpu_available():
