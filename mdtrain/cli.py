@@ -114,7 +114,9 @@ def _add_train(sub) -> None:
                    help="bit-reproducible runs (slower)")
     t.add_argument("--cache", default="auto",
                    help=f"{', '.join(CACHE_MODES)}: where decoded images are kept; auto keeps "
-                   "them in memory when they fit, else streams")  # fmt: skip
+                   "them in memory when they fit, else on disk with --cache-dir, else "
+                   "streams them")  # fmt: skip
+    t.add_argument("--cache-dir", help="folder for --cache disk (never inside your data)")
     t.add_argument("--backup-dir", help="back up to this folder every epoch, and resume from it")
     t.add_argument("--backup-every-steps", type=_positive_int,
                    help="also back up every N steps within an epoch (needs --backup-dir)")

@@ -51,6 +51,7 @@ class TrainConfig:
     backup_every_steps: int | None = None
     output: str | None = None
     cache: str = "auto"
+    cache_dir: str | None = None
     monitor: str = "auto"
     verbose: int = 2
 
@@ -220,6 +221,7 @@ class _Run:
             seed=config.seed,
             augment=AugmentPolicy() if config.augment else None,
             cache=config.cache,
+            cache_dir=config.cache_dir,
             deterministic=config.deterministic,
         )
 
@@ -282,6 +284,8 @@ class _Run:
             num_train=self.inputs.num_train,
             global_batch_size=self.inputs.global_batch_size,
             seed=self.config.seed,
+            # a disk cache orders later epochs differently from memory or streaming
+            disk_cache=self.inputs.cache_mode == "disk",
         )
 
     def execute(self, callbacks: list) -> TrainResult:
