@@ -160,7 +160,7 @@ def test_naive_loss_scaling_is_wrong_on_a_tiny_dataset(measured):
 
 @pytest.mark.slow
 def test_keras_fit_fails_on_an_uneven_first_batch(measured):
-    """Keras' own fit reduces a sample of the first batch across replicas (keras-team/keras#19246)."""
+    """Keras' fit reduces a sample of the first batch across replicas (keras-team/keras#19246)."""
     difference, error = _run(measured, "small-baseline 4 keras_fit fit")
     assert difference is None, "Keras' fit ran: the test's premise changed"
     assert error.startswith("InvalidArgumentError") and "AddN" in error, error
