@@ -298,7 +298,7 @@ def efficientnet_lite0(
     """
     import keras
 
-    from mdtrain.models import BASE_NAME, _head
+    from mdtrain.models import BASE_NAME, classification_head
 
     pretrained = weights not in (None, "none", "None")
     base = imagenet_classifier(image_size, weights if pretrained else None).get_layer(BASE_NAME)
@@ -308,7 +308,9 @@ def efficientnet_lite0(
         x = base(inputs, training=False)
     else:
         x = base(inputs)
-    return keras.Model(inputs, _head(x, num_classes, dropout), name="efficientnet_lite0")
+    return keras.Model(
+        inputs, classification_head(x, num_classes, dropout), name="efficientnet_lite0"
+    )
 
 
 # ---------------------------------------------------------------- packaged weights

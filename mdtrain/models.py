@@ -17,13 +17,13 @@ from keras import layers
 from mdtrain.choices import EFFICIENTNETS as _EFFICIENTNETS
 from mdtrain.choices import LITE0, MODELS, check_dropout, check_image_size, check_model_name
 from mdtrain.errors import UsageError
-from mdtrain.norm import ExactBatchNormalization, make_exact
+from mdtrain.norm import ExactBatchNormalization
 
 BASE_NAME = "base"
 __all__ = ["MODELS", "build_model", "efficientnetv2", "small_cnn", "unfreeze_top"]
 
 
-def _head(x, num_classes: int, dropout: float):
+def classification_head(x, num_classes: int, dropout: float):
     if dropout:
         x = layers.Dropout(dropout, name="head_dropout")(x)
     x = layers.Dense(num_classes, name="head_dense")(x)
@@ -55,7 +55,7 @@ def small_cnn(image_size: int, num_classes: int, dropout: float = 0.2) -> keras.
         x = layers.Activation("relu")(x)
         x = layers.MaxPooling2D()(x)
     x = layers.GlobalAveragePooling2D()(x)
-    return keras.Model(inputs, _head(x, num_classes, dropout), name="small_cnn")
+    return keras.Model(inputs, classification_head(x, num_classes, dropout), name="small_cnn")
 
 
 def _resolve_weights(weights: str | None) -> str | None:
@@ -80,10 +80,10 @@ def efficientnetv2(
 ) -> keras.Model:
     """EfficientNetV2 base with a new classification head.
 
-    With pretrained weights the base is frozen and runs BatchNormalization in
-    inference mode, also after `unfreeze_top`. With `weights="none"` the
-    whole network trains from random initialisation, its BatchNormalization
-    exact under any strategy (`mdtrain.norm.make_exact`).
+    The base is frozen and runs BatchNormalization in inference mode, also
+    after `unfreeze_top`, so it is exact under any strategy. (To train an
+    EfficientNet from random initialisation, use `efficientnet-lite0` with
+    `weights="none"`: its whole network trains, with exact BatchNormalization.)
 
     Args:
         name: one of `efficientnetv2-b0` … `-b3`, `-s`.
@@ -118,21 +118,17 @@ def efficientnetv2(
             f"({type(e).__name__}); without network, attach the …_notop.h5 file and pass "
             "--weights PATH, or use --weights none"
         ) from None
+    base.name = BASE_NAME
+    base.trainable = False
     inputs = keras.Input((image_size, image_size, 3), name="image")
-    if weights is None:
-        # Nothing to preserve: the whole network trains from random initialisation,
-        # with batch statistics of the whole global batch under any strategy.
-        base = make_exact(base)
-        base.name = BASE_NAME
-        x = base(inputs)
-    else:
-        base.name = BASE_NAME
-        base.trainable = False
-        # training=False keeps BatchNormalization in inference mode even after the
-        # base is unfrozen for fine-tuning: updating its statistics on a small
-        # dataset would wreck the pretrained features.
-        x = base(inputs, training=False)
-    return keras.Model(inputs, _head(x, num_classes, dropout), name=name.replace("-", "_"))
+    # training=False keeps BatchNormalization in inference mode even after the
+    # base is unfrozen for fine-tuning: updating its statistics on a small
+    # dataset would wreck the pretrained features (and inference mode is
+    # exact under any strategy).
+    x = base(inputs, training=False)
+    return keras.Model(
+        inputs, classification_head(x, num_classes, dropout), name=name.replace("-", "_")
+    )
 
 
 def build_model(

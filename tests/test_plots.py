@@ -33,7 +33,7 @@ def test_image_grid_titles_and_marks():
     wrong = fig.axes[1].spines["left"]
     assert right.get_visible() and wrong.get_visible()
     assert right.get_edgecolor() != wrong.get_edgecolor()
-    assert fig.axes[1].title.get_color() == plots._WRONG
+    assert fig.axes[1].title.get_color() == plots.WRONG_COLOR
     assert not plt.get_fignums()  # not left open in pyplot: no double display in Jupyter
 
 

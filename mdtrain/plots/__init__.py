@@ -19,15 +19,15 @@ from __future__ import annotations
 
 from mdtrain.plots.batches import batch_split_diagram
 from mdtrain.plots.benchmarks import benchmark_bars
-from mdtrain.plots.common import _RIGHT as _RIGHT  # the marks' colours: tests compare them
-from mdtrain.plots.common import _WRONG as _WRONG
-from mdtrain.plots.common import DPI
+from mdtrain.plots.common import DPI, RIGHT_COLOR, WRONG_COLOR  # the marks' colours
 from mdtrain.plots.images import augmentation_grid, image_grid, side_by_side_augmentations
 from mdtrain.plots.imbalance import class_counts_bar, recall_bars, replica_class_counts_plot
 from mdtrain.plots.training import accuracy_comparison, confusion_matrix_plot, history_curves
 
 __all__ = [
     "DPI",
+    "RIGHT_COLOR",
+    "WRONG_COLOR",
     "accuracy_comparison",
     "augmentation_grid",
     "batch_split_diagram",

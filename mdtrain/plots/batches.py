@@ -5,7 +5,7 @@ from __future__ import annotations
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
-from mdtrain.plots.common import _WRONG, _figure, _tab10_colors
+from mdtrain.plots.common import WRONG_COLOR, new_figure, tab10_colors
 
 
 def batch_split_diagram(geometry, steps: int = 4) -> Figure:
@@ -30,9 +30,9 @@ def batch_split_diagram(geometry, steps: int = 4) -> Figure:
     total = geometry.steps
     shown = list(range(total)) if total <= steps else [*range(max(1, steps - 1)), total - 1]
     rows = shown if len(shown) == total else [*shown[:-1], None, shown[-1]]
-    colors = _tab10_colors(geometry.num_replicas)
+    colors = tab10_colors(geometry.num_replicas)
     gb = geometry.global_batch_size
-    fig = _figure((8.0, 0.5 * len(rows) + 1.2))
+    fig = new_figure((8.0, 0.5 * len(rows) + 1.2))
     ax = fig.subplots()
     for y, step in enumerate(rows):
         if step is None:
@@ -75,7 +75,12 @@ def batch_split_diagram(geometry, steps: int = 4) -> Figure:
         if empty:
             names = ", ".join(str(r) for r in empty)
             ax.text(
-                start + 0.3, y, f"replica {names}: empty", va="center", fontsize=8, color=_WRONG
+                start + 0.3,
+                y,
+                f"replica {names}: empty",
+                va="center",
+                fontsize=8,
+                color=WRONG_COLOR,
             )
     ax.set_xlim(0, gb * 1.02)
     ax.set_ylim(len(rows) - 0.5, -0.5)

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 
 from matplotlib.figure import Figure
 
-from mdtrain.plots.common import _WRONG, _figure
+from mdtrain.plots.common import WRONG_COLOR, new_figure
 
 #: `log=None` switches to a log axis when the largest bar is this many times the smallest.
 LOG_SPAN = 30.0
@@ -44,12 +44,14 @@ def benchmark_bars(
     items = sorted(items, key=lambda kv: kv[1]) if order == "value" else items[::-1]
     names = [k for k, _ in items]
     values = [float(v) for _, v in items]
-    fig = _figure((7.0, 0.45 * len(items) + 1.3))
+    fig = new_figure((7.0, 0.45 * len(items) + 1.3))
     ax = fig.subplots()
     bars = ax.barh(names, values, color="#4c72b0")
     ax.bar_label(bars, labels=[f"{v:,.0f}" for v in values], fontsize=8, padding=2)
     if limit is not None:
-        ax.axvline(limit, color=_WRONG, linestyle="--", linewidth=1.2, label="raw decode limit")
+        ax.axvline(
+            limit, color=WRONG_COLOR, linestyle="--", linewidth=1.2, label="raw decode limit"
+        )
         ax.legend(fontsize=8, loc="lower right")
     positive = [v for v in [*values, limit or 0.0] if v > 0]
     if log is None:

@@ -7,18 +7,18 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.figure import Figure
 
-_RIGHT, _WRONG = "#2e7d32", "#c62828"
+RIGHT_COLOR, WRONG_COLOR = "#2e7d32", "#c62828"
 DPI = 80  # keeps committed notebook images small
 
 
-def _figure(figsize: tuple[float, float]) -> Figure:
+def new_figure(figsize: tuple[float, float]) -> Figure:
     """A new figure that pyplot does not keep: shown only where it is returned or displayed."""
     fig = plt.figure(figsize=figsize, dpi=DPI)
     plt.close(fig)  # otherwise Jupyter's inline backend shows it a second time
     return fig
 
 
-def _as_image(image) -> np.ndarray:
+def as_image(image) -> np.ndarray:
     """uint8 HWC array for imshow, from uint8 or float (0-1 or 0-255) input."""
     array = np.asarray(image)
     if array.dtype != np.uint8:
@@ -31,8 +31,8 @@ def _as_image(image) -> np.ndarray:
     return array
 
 
-def _show(ax, image, title: str | None = None, color: str | None = None) -> None:
-    array = _as_image(image)
+def show_image(ax, image, title: str | None = None, color: str | None = None) -> None:
+    array = as_image(image)
     ax.imshow(array, cmap="gray" if array.ndim == 2 else None, vmin=0, vmax=255)
     ax.set_xticks([])
     ax.set_yticks([])
@@ -45,10 +45,10 @@ def _show(ax, image, title: str | None = None, color: str | None = None) -> None
             spine.set_linewidth(3)
 
 
-def _grid(n: int, ncols: int, cell: float = 1.3, title: str | None = None):
+def axes_grid(n: int, ncols: int, cell: float = 1.3, title: str | None = None):
     ncols = max(1, min(ncols, n))
     nrows = max(1, -(-n // ncols))
-    fig = _figure((cell * ncols, cell * nrows + (0.4 if title else 0)))
+    fig = new_figure((cell * ncols, cell * nrows + (0.4 if title else 0)))
     axes = fig.subplots(nrows, ncols, squeeze=False)
     for ax in axes.flat[n:]:
         ax.remove()
@@ -57,7 +57,7 @@ def _grid(n: int, ncols: int, cell: float = 1.3, title: str | None = None):
     return fig, list(axes.flat[:n])
 
 
-def _tab10_colors(n: int) -> list:
+def tab10_colors(n: int) -> list:
     """n colours from matplotlib's tab10 cycle: one per replica, or per class."""
     cmap = matplotlib.colormaps["tab10"]
     return [cmap(i % 10) for i in range(n)]

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import numpy as np
 from matplotlib.figure import Figure
 
-from mdtrain.plots.common import _RIGHT, _WRONG, _figure, _grid, _show
+from mdtrain.plots.common import RIGHT_COLOR, WRONG_COLOR, axes_grid, new_figure, show_image
 
 
 def image_grid(
@@ -42,10 +42,10 @@ def image_grid(
         raise ValueError(f"{len(images)} images but {len(labels)} labels")
     if marks is not None and len(marks) != len(images):
         raise ValueError(f"{len(images)} images but {len(marks)} marks")
-    fig, axes = _grid(len(images), ncols, title=title)
+    fig, axes = axes_grid(len(images), ncols, title=title)
     for i, (ax, image, label) in enumerate(zip(axes, images, labels, strict=True)):
-        color = None if marks is None else (_RIGHT if marks[i] else _WRONG)
-        _show(ax, image, class_names[label], color)
+        color = None if marks is None else (RIGHT_COLOR if marks[i] else WRONG_COLOR)
+        show_image(ax, image, class_names[label], color)
     fig.tight_layout()
     return fig
 
@@ -63,9 +63,9 @@ def augmentation_grid(original, augmented_list, title: str | None = None, ncols:
         The figure: 1 + len(augmented_list) axes, the first titled "original".
     """
     images = [original, *list(augmented_list)]
-    fig, axes = _grid(len(images), ncols, title=title)
+    fig, axes = axes_grid(len(images), ncols, title=title)
     for i, (ax, image) in enumerate(zip(axes, images, strict=True)):
-        _show(ax, image, "original" if i == 0 else None, "black" if i == 0 else None)
+        show_image(ax, image, "original" if i == 0 else None, "black" if i == 0 else None)
     fig.tight_layout()
     return fig
 
@@ -89,7 +89,7 @@ def side_by_side_augmentations(
     """
     ours, idg = list(ours), list(idg)
     rows = max(1, -(-max(len(ours), len(idg)) // 4))
-    fig = _figure((7.2, 0.9 * rows + 1.2))
+    fig = new_figure((7.2, 0.9 * rows + 1.2))
     outer = fig.add_gridspec(
         2,
         2,
@@ -102,13 +102,13 @@ def side_by_side_augmentations(
         bottom=0.01,
     )
     ax = fig.add_subplot(outer[0, :])
-    _show(ax, original, "original", "black")
+    show_image(ax, original, "original", "black")
     ax.set_anchor("C")
     for column, (images, title) in enumerate(zip((ours, idg), titles, strict=True)):
         inner = outer[1, column].subgridspec(rows, 4, wspace=0.05, hspace=0.05)
         for i, image in enumerate(images):
             sub = fig.add_subplot(inner[i // 4, i % 4])
-            _show(sub, image)
+            show_image(sub, image)
             if i == 1:
                 sub.set_title(title, fontsize=10, loc="center", x=1.0)
     return fig

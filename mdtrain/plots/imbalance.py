@@ -8,7 +8,7 @@ import matplotlib
 import numpy as np
 from matplotlib.figure import Figure
 
-from mdtrain.plots.common import _figure, _tab10_colors
+from mdtrain.plots.common import new_figure, tab10_colors
 
 
 def class_counts_bar(counts: Mapping, title: str = "Images per class") -> Figure:
@@ -30,7 +30,7 @@ def class_counts_bar(counts: Mapping, title: str = "Images per class") -> Figure
         class_names += [c for c in per_class if c not in class_names]
     x = np.arange(len(class_names))
     width = 0.8 / max(1, len(splits))
-    fig = _figure((max(4.0, 0.9 * len(class_names) + 1.5), 3.0))
+    fig = new_figure((max(4.0, 0.9 * len(class_names) + 1.5), 3.0))
     ax = fig.subplots()
     for i, (split, per_class) in enumerate(splits.items()):
         values = [per_class.get(c, 0) for c in class_names]
@@ -66,9 +66,9 @@ def replica_class_counts_plot(
     """
     counts = np.asarray(counts)
     steps, replicas, k = counts.shape
-    fig = _figure((2.9 * replicas + 1.4, 2.5))
+    fig = new_figure((2.9 * replicas + 1.4, 2.5))
     axes = np.atleast_1d(fig.subplots(1, replicas, sharey=True))
-    colors = _tab10_colors(k)
+    colors = tab10_colors(k)
     for r, ax in enumerate(axes):
         bottom = np.zeros(steps)
         for c in range(k):
@@ -109,14 +109,14 @@ def recall_bars(
     """
     k, n = len(class_names), len(recalls)
     width = 0.8 / max(n, 1)
-    fig = _figure((max(6.0, 1.3 * k + 1.5), 3.2))
+    fig = new_figure((max(6.0, 1.3 * k + 1.5), 3.2))
     ax = fig.subplots()
     for i, (name, values) in enumerate(recalls.items()):
         runs = np.atleast_2d(np.asarray(values, dtype=float))
         mean = runs.mean(axis=0)
         spread = [mean - runs.min(axis=0), runs.max(axis=0) - mean] if len(runs) > 1 else None
         x = np.arange(k) + (i - (n - 1) / 2) * width
-        bars = ax.bar(x, mean, width, label=name, color=_tab10_colors(n)[i], yerr=spread,
+        bars = ax.bar(x, mean, width, label=name, color=tab10_colors(n)[i], yerr=spread,
                       error_kw=dict(elinewidth=0.8, capsize=2))  # fmt: skip
         ax.bar_label(bars, fmt="%.2f", fontsize=7, padding=1)
     ax.set_xticks(np.arange(k), class_names)

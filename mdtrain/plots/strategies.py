@@ -6,7 +6,7 @@ from collections.abc import Mapping
 
 from matplotlib.figure import Figure
 
-from mdtrain.plots.common import _figure
+from mdtrain.plots.common import new_figure
 
 
 def ps_training_curves(
@@ -28,7 +28,7 @@ def ps_training_curves(
 
     >>> ps_training_curves({"2 workers": summary})  # doctest: +SKIP
     """
-    fig = _figure((9, 3.2))
+    fig = new_figure((9, 3.2))
     loss_ax, speed_ax = fig.subplots(1, 2)
     for label, run in runs.items():
         steps = run["steps"]

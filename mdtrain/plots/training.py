@@ -8,7 +8,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from mdtrain.history import history_rows
-from mdtrain.plots.common import _figure
+from mdtrain.plots.common import new_figure
 
 
 def history_curves(
@@ -33,7 +33,7 @@ def history_curves(
     """
     history = history_rows(history)
     epochs = np.arange(1, len(history) + 1)
-    fig = _figure((8.5, 3.0))
+    fig = new_figure((8.5, 3.0))
     axes = fig.subplots(1, 2)
     for ax, metric in zip(axes, ("loss", "accuracy"), strict=True):
         for prefix, label, style in (("", "train", "-o"), ("val_", "validation", "--s")):
@@ -85,7 +85,7 @@ def confusion_matrix_plot(
     if normalize:
         matrix = matrix / np.maximum(matrix.sum(axis=1, keepdims=True), 1)
     size = max(3.2, 0.55 * k + 1.8)
-    fig = _figure((size + 0.8, size))
+    fig = new_figure((size + 0.8, size))
     ax = fig.subplots()
     image = ax.imshow(matrix, cmap="Blues", vmin=0)
     fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
@@ -138,7 +138,7 @@ def accuracy_comparison(
     >>> runs = {"ImageNet": transfer.history, "scratch": scratch.history}
     >>> accuracy_comparison(runs, chance=0.2)  # doctest: +SKIP
     """
-    fig = _figure((6.0, 3.2))
+    fig = new_figure((6.0, 3.2))
     ax = fig.subplots()
     longest = 1
     for (label, history), marker in zip(runs.items(), "osD^v", strict=False):
