@@ -36,6 +36,10 @@ class FakeTfConfig:
         self.initialised = False
         self.experimental = types.SimpleNamespace(set_memory_growth=self._set_memory_growth)
         self.LogicalDeviceConfiguration = lambda: "virtual"
+        self.threading = types.SimpleNamespace(  # CPU replicas' share of the cores
+            get_intra_op_parallelism_threads=lambda: 0,
+            set_intra_op_parallelism_threads=lambda n: self.calls.append(("intra-op", n)),
+        )
 
     def _refuse_after_init(self, what: str) -> None:
         if self.initialised:  # TensorFlow's own message for the same mistake
