@@ -119,7 +119,7 @@ def test_train_benchmark_rejects_bad_arguments(data):
 
 @pytest.mark.slow
 def test_train_benchmark_reports_ratio_verdict_and_replicas(data, tmp_path):
-    """What `mdtrain bench train` promises: the verdict, both replica figures, the Keras baseline."""
+    """What `mdtrain bench train` promises: the verdict, replica figures, the Keras baseline."""
     r = train_benchmark(data, model="small-cnn", image_size=32, batch_size=8, steps=2,
                         output=tmp_path / "t.json", repeats=1, replica_epochs=2)  # fmt: skip
     assert r["verdict"].split(" (")[0].split(":")[0] in ("input-bound", "compute-bound")
