@@ -329,7 +329,10 @@ def custom_fit(
         for step in range(steps_per_epoch):
             cbs.on_train_batch_begin(step)
             trainer.train_one_step(iterator)
-            cbs.on_train_batch_end(step, _results(trainer))
+            # Reading the metrics is a cross-worker reduction under multi-worker
+            # training, and each eager one starts threads: only a progress bar needs
+            # them every step.
+            cbs.on_train_batch_end(step, _results(trainer) if verbose == 1 else None)
         logs = _results(trainer)
         if val_dist is not None:
             trainer.reset_metrics()
