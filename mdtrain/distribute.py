@@ -132,7 +132,7 @@ def _tpu_strategy() -> tf.distribute.Strategy:
     return tf.distribute.TPUStrategy(resolver)
 
 
-def multiworker_strategy(timeout_s: float | None = 600) -> tf.distribute.Strategy:
+def multiworker_strategy(timeout_s: float | None = None) -> tf.distribute.Strategy:
     """MultiWorkerMirroredStrategy for a cluster described by TF_CONFIG or Slurm.
 
     Under Slurm (SLURM_JOB_ID set and no TF_CONFIG) the cluster comes from
@@ -141,7 +141,14 @@ def multiworker_strategy(timeout_s: float | None = 600) -> tf.distribute.Strateg
 
     Args:
         timeout_s: seconds a collective may wait for a missing worker before
-            failing instead of hanging. Defaults to 600.
+            failing. Defaults to None (no timeout): TensorFlow 2.21 starts one
+            thread per collective that sleeps out the whole timeout, and with
+            exact batch normalization's dozens of collectives per step a
+            600 s timeout piled up thousands of threads until the workers
+            could start no more (measured: 8,800 threads per worker after
+            a minute). A lost worker is still detected: the coordination
+            service's heartbeats abort the collectives, and `mdtrain launch`
+            has its own hang timeout.
 
     Returns:
         The strategy.

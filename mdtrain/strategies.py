@@ -398,7 +398,7 @@ def _run(name: str, result: Path, smoke: bool) -> None:
     if name == "multiworker-worker":
         from mdtrain.distribute import multiworker_strategy
 
-        strategy = multiworker_strategy(timeout_s=120)
+        strategy = multiworker_strategy()
         row = _sync_row("multiworker", strategy, smoke)
         if os.environ.get("MDTRAIN_WORKER_INDEX", "0") == "0":  # the chief reports
             result.write_text(json.dumps(asdict(row)))
