@@ -122,27 +122,12 @@ class ExactBatchNormalization(keras.layers.BatchNormalization):
         return ops.cast(outputs, self.compute_dtype)
 
 
-def make_exact(model: keras.Model) -> keras.Model:
-    """A copy of a functional `model` whose BatchNormalization layers are exact.
-
-    Every `keras.layers.BatchNormalization` (nested models included) becomes an
-    `ExactBatchNormalization` with the same configuration and weights; every
-    other layer is cloned unchanged, weights included.
-
-    Args:
-        model: a functional or sequential Keras model.
-
-    Returns:
-        The new model.
-    """
-    return swap_batch_norm(model, ExactBatchNormalization)
-
-
 def swap_batch_norm(model: keras.Model, layer_class: type) -> keras.Model:
     """A copy of `model` whose batch-normalization layers are all of `layer_class`.
 
-    `swap_batch_norm(model, keras.layers.BatchNormalization)` undoes
-    `make_exact`: notebook 03 uses it to show what per-replica statistics do.
+    With `ExactBatchNormalization` it makes a Keras model exact under any
+    strategy; with `keras.layers.BatchNormalization` it undoes that, as
+    notebook 03 does to show what per-replica statistics change.
 
     Args:
         model: a functional or sequential Keras model.

@@ -12,7 +12,7 @@ from mdtrain import compat  # noqa: E402
 from mdtrain.history import history_rows  # noqa: E402
 from mdtrain.loop import ExactTrainer  # noqa: E402
 from mdtrain.models import build_model  # noqa: E402
-from mdtrain.norm import ExactBatchNormalization, global_moments, make_exact  # noqa: E402
+from mdtrain.norm import ExactBatchNormalization, global_moments, swap_batch_norm  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -67,14 +67,14 @@ def test_exact_batch_norm_matches_keras_on_one_device():
     np.testing.assert_allclose(ours.moving_variance, theirs.moving_variance, rtol=1e-5)
 
 
-def test_make_exact_swaps_every_batch_norm_and_keeps_the_weights():
+def test_swap_batch_norm_swaps_every_batch_norm_and_keeps_the_weights():
     inputs = keras.Input((8, 8, 3))
     x = keras.layers.Conv2D(4, 3)(inputs)
     x = keras.layers.BatchNormalization()(x)
     inner = keras.Model(inputs, x)
     outer_in = keras.Input((8, 8, 3))
     model = keras.Model(outer_in, keras.layers.BatchNormalization()(inner(outer_in)))
-    exact = make_exact(model)
+    exact = swap_batch_norm(model, ExactBatchNormalization)
     kinds = [type(layer) for layer in exact.layers[1].layers] + [type(exact.layers[-1])]
     assert kinds.count(ExactBatchNormalization) == 2
     assert keras.layers.BatchNormalization not in kinds
