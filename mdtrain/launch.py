@@ -23,6 +23,8 @@ network namespace or container without outside access.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
 import os
 import signal
@@ -32,6 +34,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TextIO
 
@@ -110,6 +113,10 @@ def _exit_status(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
+def _address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 def _child_setup():
     """Returns a preexec_fn that makes the child die with the launcher (Linux only)."""
     if not sys.platform.startswith("linux"):
@@ -147,67 +154,180 @@ def _stop(procs: list[subprocess.Popen], grace_s: float = _GRACE_S) -> None:
         proc.wait()
 
 
-class _Attempt:
-    """One start of all workers: processes, reader threads, and what they saw."""
+@contextlib.contextmanager
+def _sigterm_raises() -> Iterator[None]:
+    """Turns SIGTERM into `_Terminated` while the block runs (main thread only)."""
+    # SIGTERM (from kill, Slurm, docker stop) must stop the tasks too, not just end us.
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
 
-    def __init__(self, procs, command, addresses, attempt, env, log_dir, stream, lock, gpus=None):
+    def on_sigterm(signum, frame):
+        raise _Terminated
+
+    previous = signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+class _Tasks:
+    """Processes started together, each in its own process group with its own log file.
+
+    One pump thread per task copies its output to the log and, prefixed with the
+    task's label, to the job's stream; `last_output` is when any task last printed.
+    """
+
+    def __init__(self, job: _Job):
+        self.job = job
+        self.procs: list[subprocess.Popen] = []
+        self.labels: list[str] = []
         self.last_output = time.monotonic()
-        self.procs: list[subprocess.Popen] = procs  # the caller's, so it can stop half a start
-        self.threads: list[threading.Thread] = []
-        self.stream, self.lock = stream, lock
-        preexec = _child_setup()
-        logs = []
-        for i in range(len(addresses)):
-            worker_env = dict(env)
-            worker_env.update(
-                TF_CONFIG=json.dumps(tf_config(addresses, i)),
-                MDTRAIN_WORKER_INDEX=str(i),
-                MDTRAIN_ATTEMPT=str(attempt),
-                PYTHONUNBUFFERED="1",  # so lines arrive as printed, and silence means silence
-            )
-            if gpus is not None:  # this worker's own GPUs, from mdtrain.gpus.assign_gpus
-                worker_env["CUDA_VISIBLE_DEVICES"] = gpus[i]
-            log = open(Path(log_dir) / f"worker-{i}.log", "a", encoding="utf-8")
-            log.write(f"=== attempt {attempt} ({time.strftime('%Y-%m-%d %H:%M:%S')}) ===\n")
-            log.flush()
-            logs.append(log)
-            try:
-                proc = subprocess.Popen(
-                    command,
-                    env=worker_env,
-                    stdin=subprocess.DEVNULL,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,  # own process group: Ctrl-C is ours to forward
-                    preexec_fn=preexec,
-                )
-            except OSError as error:
-                raise UsageError(
-                    f"cannot start {command[0]!r}: {error}; check the command"
-                ) from None
-            self.procs.append(proc)
-        # Threads only after every fork: preexec_fn is unsafe while other threads run.
-        for i, (proc, log) in enumerate(zip(self.procs, logs, strict=True)):
-            thread = threading.Thread(target=self._pump, args=(i, proc, log), daemon=True)
-            thread.start()
-            self.threads.append(thread)
+        self._logs: list[TextIO] = []
+        self._threads: list[threading.Thread] = []
+        self._preexec = _child_setup()
 
-    def _pump(self, index: int, proc: subprocess.Popen, log) -> None:
+    def spawn(self, command: list[str], env: dict[str, str], label: str, header: str = "") -> None:
+        log = open(self.job.log_dir / f"{label.replace(' ', '-')}.log", "a", encoding="utf-8")
+        log.write(header)
+        log.flush()
+        try:
+            proc = subprocess.Popen(
+                command,
+                env={**env, "PYTHONUNBUFFERED": "1"},  # lines arrive as printed: silence is silence
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # own process group: Ctrl-C is ours to forward
+                preexec_fn=self._preexec,
+            )
+        except OSError as error:
+            log.close()
+            raise UsageError(f"cannot start {command[0]!r}: {error}; check the command") from None
+        self.procs.append(proc)
+        self.labels.append(label)
+        self._logs.append(log)
+
+    def start_pumps(self) -> None:
+        # Threads only after every fork: preexec_fn is unsafe while other threads run.
+        for proc, log, label in zip(self.procs, self._logs, self.labels, strict=True):
+            thread = threading.Thread(target=self._pump, args=(proc, log, label), daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def _pump(self, proc: subprocess.Popen, log: TextIO, label: str) -> None:
         with log:
             for raw in iter(proc.stdout.readline, b""):
                 self.last_output = time.monotonic()
                 line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
                 log.write(line + "\n")
                 log.flush()
-                with self.lock:
-                    self.stream.write(f"[worker {index}] {line}\n")
-                    self.stream.flush()
+                self.job.write(label, line)
             proc.stdout.close()
 
     def join(self) -> None:
         # A grandchild that escaped the group could hold the pipe open; do not wait on it.
-        for thread in self.threads:
+        for thread in self._threads:
             thread.join(timeout=_GRACE_S)
+
+
+class _Job:
+    """One launch: its log folder, its shared stream, and the tasks it runs now."""
+
+    def __init__(self, log_dir: str | os.PathLike | None, stream: TextIO | None):
+        fresh = log_dir is None
+        self.log_dir = Path(tempfile.mkdtemp(prefix="mdtrain-") if fresh else log_dir)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.stream = sys.stdout if stream is None else stream  # a notebook's, if it is one
+        self.lock = threading.Lock()
+        self.tasks = _Tasks(self)
+
+    def write(self, label: str, line: str) -> None:
+        with self.lock:
+            self.stream.write(f"[{label}] {line}\n")
+            self.stream.flush()
+
+    def say(self, message: str) -> None:
+        self.write("launch", message)
+
+    def new_tasks(self) -> _Tasks:
+        self.tasks = _Tasks(self)
+        return self.tasks
+
+    def run(self, body: Callable[[], int], noun: str | None = None) -> int:
+        """Returns `body()`, or 130 on Ctrl-C and 143 on SIGTERM after stopping the tasks.
+
+        With `noun` ("workers") it says what it stops.
+        """
+        with _sigterm_raises():
+            try:
+                return body()
+            except KeyboardInterrupt:
+                return self._stop_all("interrupted", noun, 130)
+            except _Terminated:
+                return self._stop_all("terminated", noun, 143)
+            finally:  # whatever happened, nothing of ours outlives us; a half start included
+                _signal_groups(self.tasks.procs, signal.SIGKILL)
+
+    def _stop_all(self, why: str, noun: str | None, status: int) -> int:
+        if noun:
+            self.say(f"{why}; stopping all {noun}")
+        _stop(self.tasks.procs)
+        return status
+
+
+def _check_worker_args(command: list[str], num_workers: int, restarts: int, hang_timeout_s) -> None:
+    if not command:
+        raise UsageError("empty worker command; pass the program to run, e.g. ['python', 'x.py']")
+    if num_workers < 1:
+        raise UsageError(f"--workers {num_workers}: pass 1 or more workers")
+    if restarts < 0:
+        raise UsageError(f"--restarts {restarts}: pass 0 or more restarts")
+    if hang_timeout_s is not None and hang_timeout_s <= 0:
+        raise UsageError(f"hang timeout {hang_timeout_s}: pass a positive number of seconds")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Workers:
+    """What every attempt of `run_workers` starts: `command` as `num` workers on `host`."""
+
+    command: list[str]
+    num: int
+    host: str
+    env: dict[str, str]
+    gpus: list[str] | None
+
+    def attempts(self, job: _Job, restarts: int, hang_timeout_s: float | None) -> int:
+        """Starts the workers until an attempt ends the job; returns its exit status."""
+        for number in range(1, restarts + 2):
+            tasks = self.start(job, number)
+            status = _watch(tasks, number, restarts, hang_timeout_s, job.say)
+            tasks.join()
+            if status is not None:
+                return status
+        raise AssertionError("unreachable: the last attempt always returns")
+
+    def start(self, job: _Job, attempt: int) -> _Tasks:
+        addresses = [_address(self.host, port) for port in free_ports(self.num, self.host)]
+        job.say(f"attempt {attempt}: " + " ".join(addresses))
+        tasks = job.new_tasks()
+        header = f"=== attempt {attempt} ({time.strftime('%Y-%m-%d %H:%M:%S')}) ===\n"
+        for i in range(self.num):
+            tasks.spawn(self.command, self._env(addresses, i, attempt), f"worker {i}", header)
+        tasks.start_pumps()
+        return tasks
+
+    def _env(self, addresses: list[str], index: int, attempt: int) -> dict[str, str]:
+        env = dict(self.env)
+        env.update(
+            TF_CONFIG=json.dumps(tf_config(addresses, index)),
+            MDTRAIN_WORKER_INDEX=str(index),
+            MDTRAIN_ATTEMPT=str(attempt),
+        )
+        if self.gpus is not None:  # this worker's own GPUs, from mdtrain.gpus.assign_gpus
+            env["CUDA_VISIBLE_DEVICES"] = self.gpus[index]
+        return env
 
 
 def run_workers(
@@ -263,72 +383,20 @@ def run_workers(
     Example:
         >>> run_workers([sys.executable, "train.py"], 2, restarts=1)  # doctest: +SKIP
     """
-    if not command:
-        raise UsageError("empty worker command; pass the program to run, e.g. ['python', 'x.py']")
-    if num_workers < 1:
-        raise UsageError(f"--workers {num_workers}: pass 1 or more workers")
-    if restarts < 0:
-        raise UsageError(f"--restarts {restarts}: pass 0 or more restarts")
-    if hang_timeout_s is not None and hang_timeout_s <= 0:
-        raise UsageError(f"hang timeout {hang_timeout_s}: pass a positive number of seconds")
+    _check_worker_args(command, num_workers, restarts, hang_timeout_s)
     gpus = assign_gpus(visible_gpus(env), num_workers, gpus_per_worker)
-    log_dir = Path(log_dir) if log_dir is not None else Path(tempfile.mkdtemp(prefix="mdtrain-"))
-    log_dir.mkdir(parents=True, exist_ok=True)
-    base_env = dict(os.environ if env is None else env)
-    stream = sys.stdout if stream is None else stream
-    lock = threading.Lock()
-
-    def say(message: str) -> None:
-        with lock:
-            stream.write(f"[launch] {message}\n")
-            stream.flush()
-
-    say(f"{num_workers} workers on {host}; logs in {log_dir}")
+    job = _Job(log_dir, stream)
+    job.say(f"{num_workers} workers on {host}; logs in {job.log_dir}")
     if gpus is not None:
         shares = (f"worker {i}: {g or '(none)'}" for i, g in enumerate(gpus))
-        say("CUDA_VISIBLE_DEVICES " + "; ".join(shares))
-    # SIGTERM (from kill, Slurm, docker stop) must stop workers too, not just end us.
-    previous = None
-    if threading.current_thread() is threading.main_thread():
-
-        def on_sigterm(signum, frame):
-            raise _Terminated
-
-        previous = signal.signal(signal.SIGTERM, on_sigterm)
-    procs: list[subprocess.Popen] = []
-    try:
-        for number in range(1, restarts + 2):
-            addresses = [
-                f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-                for port in free_ports(num_workers, host)
-            ]
-            say(f"attempt {number}: " + " ".join(addresses))
-            procs = []
-            attempt = _Attempt(
-                procs, command, addresses, number, base_env, log_dir, stream, lock, gpus
-            )
-            status = _watch(attempt, number, restarts, hang_timeout_s, say)
-            attempt.join()
-            if status is not None:
-                return status
-        raise AssertionError("unreachable: the last attempt always returns")
-    except KeyboardInterrupt:
-        say("interrupted; stopping all workers")
-        _stop(procs)
-        return 130
-    except _Terminated:
-        say("terminated; stopping all workers")
-        _stop(procs)
-        return 143
-    finally:
-        _signal_groups(procs, signal.SIGKILL)  # whatever happened, nothing of ours outlives us
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+        job.say("CUDA_VISIBLE_DEVICES " + "; ".join(shares))
+    workers = _Workers(command, num_workers, host, dict(os.environ if env is None else env), gpus)
+    return job.run(lambda: workers.attempts(job, restarts, hang_timeout_s), noun="workers")
 
 
-def _watch(attempt: _Attempt, number: int, restarts: int, hang_timeout_s, say) -> int | None:
+def _watch(tasks: _Tasks, number: int, restarts: int, hang_timeout_s, say) -> int | None:
     """Waits for one attempt; returns its exit status, or None to restart."""
-    procs = attempt.procs
+    procs = tasks.procs
     first_done = None
     while True:
         codes = [p.poll() for p in procs]
@@ -336,16 +404,7 @@ def _watch(attempt: _Attempt, number: int, restarts: int, hang_timeout_s, say) -
         failed = [(i, c) for i, c in enumerate(codes) if c not in (None, 0)]
         # Once the chief has finished cleanly the job's result is saved: later failures are noise.
         if failed and codes[0] != 0:
-            # Exit code 2 is a usage error (argparse, mdtrain's CLI): a restart would repeat it.
-            usage = any(c == USAGE_EXIT_CODE for _, c in failed)
-            left = number <= restarts and not usage
-            plan = f"restart {number} of {restarts}" if left else "no restarts left"
-            plan = "bad input, not restarting" if usage and number <= restarts else plan
-            what = ", ".join(f"worker {i} exited with code {c}" for i, c in failed)
-            say(f"{what}; stopping the others; {plan}")
-            _stop(procs)
-            # The chief's own failure if it failed, else the worker's: not our SIGTERM to the chief.
-            return None if left else _exit_status(failed[0][1])
+            return _after_failure(procs, failed, number, restarts, say)
         running = [i for i, c in enumerate(codes) if c is None]
         if not running:
             if failed:
@@ -354,22 +413,41 @@ def _watch(attempt: _Attempt, number: int, restarts: int, hang_timeout_s, say) -
             return _exit_status(codes[0])
         if first_done is None and len(running) < len(procs):
             first_done = now
-        if hang_timeout_s is not None:
-            why = None
-            if first_done is not None and now - first_done > hang_timeout_s:
-                done = [i for i in range(len(procs)) if i not in running]
-                why = f"worker {done[0]} finished {now - first_done:.0f}s ago"
-            elif now - attempt.last_output > hang_timeout_s:
-                why = f"no output for {now - attempt.last_output:.0f}s"
-            if why:
-                stuck = ", ".join(map(str, running))
-                say(
-                    f"workers {stuck} appear stuck (probably waiting in a collective for a "
-                    f"worker that is gone): {why}; stopping all; exit code {HANG_EXIT_CODE}"
-                )
-                _stop(procs)
-                return HANG_EXIT_CODE
+        why = _why_stuck(tasks, running, first_done, now, hang_timeout_s)
+        if why:
+            stuck = ", ".join(map(str, running))
+            say(
+                f"workers {stuck} appear stuck (probably waiting in a collective for a "
+                f"worker that is gone): {why}; stopping all; exit code {HANG_EXIT_CODE}"
+            )
+            _stop(procs)
+            return HANG_EXIT_CODE
         time.sleep(_POLL_S)
+
+
+def _after_failure(procs, failed, number: int, restarts: int, say) -> int | None:
+    """Stops the workers after `failed`; returns the exit status, or None to restart."""
+    # Exit code 2 is a usage error (argparse, mdtrain's CLI): a restart would repeat it.
+    usage = any(c == USAGE_EXIT_CODE for _, c in failed)
+    left = number <= restarts and not usage
+    plan = f"restart {number} of {restarts}" if left else "no restarts left"
+    plan = "bad input, not restarting" if usage and number <= restarts else plan
+    what = ", ".join(f"worker {i} exited with code {c}" for i, c in failed)
+    say(f"{what}; stopping the others; {plan}")
+    _stop(procs)
+    # The chief's own failure if it failed, else the worker's: not our SIGTERM to the chief.
+    return None if left else _exit_status(failed[0][1])
+
+
+def _why_stuck(tasks: _Tasks, running, first_done, now: float, hang_timeout_s) -> str | None:
+    if hang_timeout_s is None:
+        return None
+    if first_done is not None and now - first_done > hang_timeout_s:
+        done = [i for i in range(len(tasks.procs)) if i not in running]
+        return f"worker {done[0]} finished {now - first_done:.0f}s ago"
+    if now - tasks.last_output > hang_timeout_s:
+        return f"no output for {now - tasks.last_output:.0f}s"
+    return None
 
 
 def kill_worker_when(pattern: str | os.PathLike, index: int, timeout_s: float = 600.0):
@@ -495,39 +573,12 @@ def cluster_tf_config(cluster: dict[str, list[str]], task_type: str, index: int)
 def ps_cluster(num_workers: int, num_ps: int, host: str = "127.0.0.1") -> dict[str, list[str]]:
     """A chief, `num_workers` workers and `num_ps` parameter servers on free ports of `host`."""
     ports = free_ports(1 + num_workers + num_ps, host)
-    addresses = [f"[{host}]:{p}" if ":" in host else f"{host}:{p}" for p in ports]
+    addresses = [_address(host, p) for p in ports]
     return {
         "chief": addresses[:1],
         "worker": addresses[1 : 1 + num_workers],
         "ps": addresses[1 + num_workers :],
     }
-
-
-def _spawn_role(command, env, label, log_dir, stream, lock, preexec):
-    """Starts one task; returns (process, log file); output is pumped by `_pump_role`."""
-    log = open(Path(log_dir) / f"{label.replace(' ', '-')}.log", "a", encoding="utf-8")
-    try:
-        proc = subprocess.Popen(
-            command, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=preexec,
-        )  # fmt: skip
-    except OSError as error:
-        log.close()
-        raise UsageError(f"cannot start {command[0]!r}: {error}; check the command") from None
-    return proc, log
-
-
-def _pump_role(proc, log, label, stream, lock, seen: list) -> None:
-    with log:
-        for raw in iter(proc.stdout.readline, b""):
-            seen[0] = time.monotonic()
-            line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
-            log.write(line + "\n")
-            log.flush()
-            with lock:
-                stream.write(f"[{label}] {line}\n")
-                stream.flush()
-        proc.stdout.close()
 
 
 def run_ps_cluster(
@@ -579,62 +630,42 @@ def run_ps_cluster(
     """
     if num_workers < 1 or num_ps < 1:
         raise UsageError(f"--workers {num_workers} --ps {num_ps}: pass at least 1 of each")
-    log_dir = Path(log_dir) if log_dir is not None else Path(tempfile.mkdtemp(prefix="mdtrain-"))
-    log_dir.mkdir(parents=True, exist_ok=True)
-    stream, lock = sys.stdout if stream is None else stream, threading.Lock()
+    job = _Job(log_dir, stream)
     gpus = assign_gpus(visible_gpus(env), num_workers, gpus_per_worker)
     cluster = ps_cluster(num_workers, num_ps, host)
-    stream.write(f"[launch] {num_ps} ps, {num_workers} workers and a chief on {host}; "
-                 f"logs in {log_dir}\n")  # fmt: skip
-    roles = [("ps", i) for i in range(num_ps)] + [("worker", i) for i in range(num_workers)]
-    roles.append(("chief", 0))
-    preexec, procs, labels, pumps, seen = _child_setup(), [], [], [], [time.monotonic()]
-    previous = None
-    if threading.current_thread() is threading.main_thread():
+    job.say(f"{num_ps} ps, {num_workers} workers and a chief on {host}; logs in {job.log_dir}")
+    base_env = dict(os.environ if env is None else env)
 
-        def on_sigterm(signum, frame):
-            raise _Terminated
-
-        previous = signal.signal(signal.SIGTERM, on_sigterm)
-    try:
-        for role, index in roles:
-            task_env = dict(os.environ if env is None else env)
-            task_env.update(TF_CONFIG=json.dumps(cluster_tf_config(cluster, role, index)),
-                            MDTRAIN_ROLE=role, PYTHONUNBUFFERED="1")  # fmt: skip
-            if role == "worker":
-                task_env["MDTRAIN_WORKER_INDEX"] = str(index)
-            if gpus is not None:  # workers compute; the ps and the chief only hold and schedule
-                task_env["CUDA_VISIBLE_DEVICES"] = gpus[index] if role == "worker" else ""
-            label = "chief" if role == "chief" else f"{role} {index}"
+    def start_and_watch() -> int:
+        tasks = job.new_tasks()
+        for role, index in _ps_roles(num_ps, num_workers):
             command = chief_command if role == "chief" else server_command
-            proc, log = _spawn_role(command, task_env, label, log_dir, stream, lock, preexec)
-            procs.append(proc)
-            labels.append(label)
-            pumps.append((proc, log, label))
-        for proc, log, label in pumps:  # threads only after every fork (preexec_fn)
-            args = (proc, log, label, stream, lock, seen)
-            threading.Thread(target=_pump_role, args=args, daemon=True).start()
-        return _watch_ps(procs, labels, num_ps, hang_timeout_s, seen, stream, lock)
-    except KeyboardInterrupt:
-        _stop(procs)
-        return 130
-    except _Terminated:
-        _stop(procs)
-        return 143
-    finally:
-        _signal_groups(procs, signal.SIGKILL)  # nothing of ours outlives us
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+            task_env = _ps_task_env(base_env, cluster, role, index, gpus)
+            tasks.spawn(command, task_env, "chief" if role == "chief" else f"{role} {index}")
+        tasks.start_pumps()
+        return _watch_ps(tasks, num_ps, hang_timeout_s, job.say)
+
+    return job.run(start_and_watch)
 
 
-def _watch_ps(procs, labels, num_ps, hang_timeout_s, seen, stream, lock) -> int:
+def _ps_roles(num_ps: int, num_workers: int) -> list[tuple[str, int]]:
+    roles = [("ps", i) for i in range(num_ps)] + [("worker", i) for i in range(num_workers)]
+    return [*roles, ("chief", 0)]  # last: the watcher finds the chief at procs[-1]
+
+
+def _ps_task_env(base_env, cluster, role: str, index: int, gpus) -> dict[str, str]:
+    env = dict(base_env)
+    env.update(TF_CONFIG=json.dumps(cluster_tf_config(cluster, role, index)), MDTRAIN_ROLE=role)
+    if role == "worker":
+        env["MDTRAIN_WORKER_INDEX"] = str(index)
+    if gpus is not None:  # workers compute; the ps and the chief only hold and schedule
+        env["CUDA_VISIBLE_DEVICES"] = gpus[index] if role == "worker" else ""
+    return env
+
+
+def _watch_ps(tasks: _Tasks, num_ps: int, hang_timeout_s, say) -> int:
     """Waits for the chief; stops the servers then. Returns the job's exit status."""
-
-    def say(message: str) -> None:
-        with lock:
-            stream.write(f"[launch] {message}\n")
-            stream.flush()
-
+    procs, labels = tasks.procs, tasks.labels
     reported: set[int] = set()
     while True:
         codes = [p.poll() for p in procs]
@@ -651,7 +682,7 @@ def _watch_ps(procs, labels, num_ps, hang_timeout_s, seen, stream, lock) -> int:
                 _stop(procs)
                 return _exit_status(code) or 1
             say(f"{labels[i]} exited with code {code}; the chief reruns its steps on the others")
-        if hang_timeout_s is not None and time.monotonic() - seen[0] > hang_timeout_s:
+        if hang_timeout_s is not None and time.monotonic() - tasks.last_output > hang_timeout_s:
             say(f"no output for {hang_timeout_s:.0f}s: stuck; stopping all; exit code "
                 f"{HANG_EXIT_CODE}")  # fmt: skip
             _stop(procs)
