@@ -16,7 +16,7 @@ import json
 import time
 from pathlib import Path
 
-from mdtrain.bench.common import _bench_data, _write, machine_info
+from mdtrain.bench.common import bench_data, machine_info, write_result
 from mdtrain.bench.replicas import VARIANTS, replica_benchmark
 
 HERE = Path(__file__).resolve().parent
@@ -30,7 +30,7 @@ def main() -> None:
     path = HERE / "train.json"
     result = json.loads(path.read_text())
     start = time.perf_counter()
-    versus = replica_benchmark(str(_bench_data(None)), args.repeats, args.epochs)
+    versus = replica_benchmark(str(bench_data(None)), args.repeats, args.epochs)
     versus["seconds"] = round(time.perf_counter() - start, 1)
     versus["machine"] = machine_info()  # the load average when the comparison ended
     result["vs_keras_fit"] = versus
@@ -43,7 +43,7 @@ def main() -> None:
         **{f"main job: {VARIANTS[k]}": versus[k]["images_per_sec"]["median"] for k in VARIANTS},
     }
     title = f"Training, images/s ({result['model']} at {result['image_size']} px; main job)"
-    _write(result, HERE, "train", bars, None, title)
+    write_result(result, HERE, "train", bars, None, title)
     print(json.dumps(versus["ratios"]))
 
 

@@ -21,7 +21,7 @@ from mdtrain.bench import (
     tfdata_stage,
     train_benchmark,
 )
-from mdtrain.bench.timing import _Variant, measure
+from mdtrain.bench.timing import Variant, measure
 from mdtrain.data import load_splits
 from mdtrain.errors import UsageError
 from mdtrain.sources import make_synthetic_dataset
@@ -57,11 +57,11 @@ def test_whole_epoch_timing_starts_fresh_and_primes_once():
         calls["start"] += 1
         return iter([(np.zeros(4), np.zeros(4))] * 3)  # one epoch: 3 batches of 4
 
-    variant = _Variant(start, batches=3, prime=lambda: calls.__setitem__("prime", 1))
+    variant = Variant(start, batches=3, prime=lambda: calls.__setitem__("prime", 1))
     measured = measure({"v": variant}, repeats=3)["v"]
     assert calls == {"start": 3, "prime": 1} and len(measured["runs"]) == 3
     with pytest.raises(StopIteration):  # a timing cannot take more than one epoch
-        _Variant(start, batches=4).time_one()
+        Variant(start, batches=4).time_one()
 
 
 def test_keras_recipe_is_image_dataset_from_directory_and_stops_on_a_bad_file(data, tmp_path):

@@ -6,12 +6,12 @@ import json
 import sys
 from collections.abc import Iterable
 
-from mdtrain.bench.training import _train_worker
+from mdtrain.bench.training import train_worker
 
 
 def _main(argv: Iterable[str]) -> int:
     (config,) = argv
-    print(json.dumps(_train_worker(json.loads(config))), flush=True)
+    print(json.dumps(train_worker(json.loads(config))), flush=True)
     return 0
 
 

@@ -38,15 +38,48 @@ def machine_info() -> dict:
     }
 
 
-def _bench_data(data) -> Path:
+def bench_data(data: str | os.PathLike | None) -> Path:
+    """The dataset folder a benchmark runs on.
+
+    Args:
+        data: a dataset folder, or None for the benchmark set under
+            `BENCH_DATA` (1500 JPEGs of 5 classes at 256 px, made on first use).
+
+    Returns:
+        The folder's path.
+
+    Raises:
+        UsageError: If the folder does not exist.
+
+    Example:
+        >>> bench_data("data/demo")  # doctest: +SKIP
+        PosixPath('data/demo')
+    """
     if data is not None:
-        return Path(data)
-    from mdtrain.sources import ensure_demo_dataset
+        data_dir = Path(data)
+    else:
+        from mdtrain.sources import ensure_demo_dataset
 
-    return ensure_demo_dataset(BENCH_DATA, classes=5, per_class=300, image_size=256)
+        data_dir = ensure_demo_dataset(BENCH_DATA, classes=5, per_class=300, image_size=256)
+    if not data_dir.is_dir():
+        raise UsageError(f"--data {data_dir}: not a directory")
+    return data_dir
 
 
-def _check_positive(**values) -> None:
+def check_positive(**values: int) -> None:
+    """Checks that every keyword's value is a positive integer.
+
+    Args:
+        **values: settings by name, as the CLI spells them with `-` for `_`.
+
+    Raises:
+        UsageError: naming the first setting that is not a positive integer.
+
+    Example:
+        >>> check_positive(batch_size=32, repeats=0)
+        Traceback (most recent call last):
+        mdtrain.errors.UsageError: --repeats 0: must be a positive integer
+    """
     for name, value in values.items():
         if not isinstance(value, int) or value < 1:
             raise UsageError(f"--{name.replace('_', '-')} {value!r}: must be a positive integer")
@@ -59,7 +92,29 @@ def _output_paths(output, stem: str) -> tuple[Path, Path]:
     return out / f"{stem}.json", out / f"{stem}.png"
 
 
-def _write(result: dict, output, stem: str, bars: dict, limit: float | None, title: str) -> None:
+def write_result(
+    result: dict,
+    output: str | os.PathLike,
+    stem: str,
+    bars: dict[str, float],
+    limit: float | None,
+    title: str,
+) -> None:
+    """Saves a benchmark's result as JSON and its images per second as a bar chart.
+
+    Args:
+        result: what the benchmark returns; written with `json.dumps`.
+        output: a folder (gets `{stem}.json` and `{stem}.png`) or a `.json`
+            path (the PNG goes beside it).
+        stem: the file name without suffix inside a folder `output`.
+        bars: `{label: images per second}`, drawn in the order given
+            (baselines first).
+        limit: a ceiling drawn as a vertical line (raw decode speed), or None.
+        title: the chart's title.
+
+    Example:
+        >>> write_result({"x": 1.0}, "out", "demo", {"x": 1.0}, None, "Demo")  # doctest: +SKIP
+    """
     from mdtrain.plots import DPI, benchmark_bars
 
     json_path, png_path = _output_paths(output, stem)

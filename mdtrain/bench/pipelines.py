@@ -12,8 +12,8 @@ import statistics
 import time
 from pathlib import Path
 
-from mdtrain.bench.common import _bench_data, _check_positive, _write, machine_info
-from mdtrain.bench.timing import _take, _Variant, measure, whole_epochs
+from mdtrain.bench.common import bench_data, check_positive, machine_info, write_result
+from mdtrain.bench.timing import Variant, measure, take_batches, whole_epochs
 from mdtrain.errors import UsageError
 
 #: The augmentation of every augmented variant: ImageDataGenerator's flip, rotation ±20°,
@@ -214,7 +214,7 @@ def tfdata_stage(
     return ds.prefetch(tf.data.AUTOTUNE) if prefetch else ds
 
 
-def _input_data_variant(splits, image_size, batch_size, steps, cache: str, **kw) -> _Variant:
+def _input_data_variant(splits, image_size, batch_size, steps, cache: str, **kw) -> Variant:
     from mdtrain.pipeline import InputData
 
     data = InputData(splits, image_size, batch_size, cache=cache, **kw)
@@ -222,8 +222,8 @@ def _input_data_variant(splits, image_size, batch_size, steps, cache: str, **kw)
     if cache == "none":
         return whole_epochs(lambda: iter(data.train_epochs(1, 2)), steps)
     # Epoch 0 fills the cache (untimed); every timing is epoch 1, read from it.
-    return _Variant(lambda: iter(data.train_epochs(1, 2)), steps,
-                    prime=lambda: _take(iter(data.train_epochs(0, 1)), steps))  # fmt: skip
+    return Variant(lambda: iter(data.train_epochs(1, 2)), steps,
+                   prime=lambda: take_batches(iter(data.train_epochs(0, 1)), steps))  # fmt: skip
 
 
 def _pipeline_variants(data_dir: Path, image_size: int, batch_size: int):
@@ -256,7 +256,7 @@ def _pipeline_variants(data_dir: Path, image_size: int, batch_size: int):
 
     args = (splits, image_size, batch_size, steps)
     variants = {
-        "imagedatagenerator": _Variant(lambda: idg, min(len(idg), IDG_BATCHES), warmup=1),
+        "imagedatagenerator": Variant(lambda: idg, min(len(idg), IDG_BATCHES), warmup=1),
         "keras_directory_layers": whole_epochs(keras(policy), steps),
         "keras_directory": whole_epochs(keras(), steps),
         "keras_directory_layers_cached": whole_epochs(lambda: iter(cached_keras), steps),
@@ -301,7 +301,7 @@ def stage_benchmark(
         over a whole epoch after one untimed epoch; cached stages on a later
         epoch (read from the cache, its shuffle buffer's fill included).
     """
-    _check_positive(image_size=image_size, batch_size=batch_size, repeats=repeats)
+    check_positive(image_size=image_size, batch_size=batch_size, repeats=repeats)
     steps = -(-len(images) // batch_size)
     variants = {}
     for name, kw in (stages or STEP_BY_STEP).items():
@@ -368,28 +368,15 @@ def pipeline_benchmark(
     >>> r = pipeline_benchmark("data/demo", image_size=64, repeats=1)  # doctest: +SKIP
     >>> r["ratios"]["augment_vs_noaug"]["median"]  # doctest: +SKIP
     """
-    _check_positive(image_size=image_size, batch_size=batch_size, repeats=repeats)
-    data_dir = _bench_data(data)
-    if not data_dir.is_dir():
-        raise UsageError(f"--data {data_dir}: not a directory")
+    check_positive(image_size=image_size, batch_size=batch_size, repeats=repeats)
+    data_dir = bench_data(data)
     variants, num_images = _pipeline_variants(data_dir, image_size, batch_size)
     start = time.perf_counter()
     load_before = machine_info()["load_average_1_5_15min"]
     measured = measure(variants, repeats)
-    ratios = _ratios(measured)
     machine = machine_info()
     result = {
-        **{k: round(measured[k]["median"], 1) for k in PIPELINE_KEYS},
-        "spread": {
-            k: [round(measured[k]["min"], 1), round(measured[k]["max"], 1)] for k in PIPELINE_KEYS
-        },  # fmt: skip
-        "notes": NOTES,
-        "augment": BENCH_AUGMENT,
-        "cpu_count": machine["cpu_count"],
-        "ratios": ratios,
-        "goals": GOALS,
-        "goals_met": {k: ratios[k]["median"] >= g for k, g in GOALS.items()},
-        "runs": {name: m["runs"] for name, m in measured.items()},
+        **_pipeline_rates(measured, machine["cpu_count"]),
         "images_per_epoch": num_images,
         "image_size": image_size,
         "batch_size": batch_size,
@@ -401,5 +388,23 @@ def pipeline_benchmark(
     if output is not None:
         bars = {label: result[k] for k, label in PIPELINE_KEYS.items()}
         title = f"Input pipeline, {image_size} px, batch {batch_size}, {result['cpu_count']} CPUs"
-        _write(result, output, "pipeline", bars, result["raw_decode"], title)
+        write_result(result, output, "pipeline", bars, result["raw_decode"], title)
     return result
+
+
+def _pipeline_rates(measured: dict[str, dict], cpu_count: int) -> dict:
+    """The rates, spreads, ratios and goals of `pipeline_benchmark`'s result, in its order."""
+    ratios = _ratios(measured)
+    return {
+        **{k: round(measured[k]["median"], 1) for k in PIPELINE_KEYS},
+        "spread": {
+            k: [round(measured[k]["min"], 1), round(measured[k]["max"], 1)] for k in PIPELINE_KEYS
+        },  # fmt: skip
+        "notes": NOTES,
+        "augment": BENCH_AUGMENT,
+        "cpu_count": cpu_count,
+        "ratios": ratios,
+        "goals": GOALS,
+        "goals_met": {k: ratios[k]["median"] >= g for k, g in GOALS.items()},
+        "runs": {name: m["runs"] for name, m in measured.items()},
+    }

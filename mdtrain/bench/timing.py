@@ -8,8 +8,21 @@ import time
 from collections.abc import Callable, Iterator
 
 
-def _take(iterator, steps: int) -> int:
-    """Pulls `steps` batches from an iterator (of a dataset or a generator); returns images."""
+def take_batches(iterator: Iterator, steps: int) -> int:
+    """Pulls `steps` batches from an iterator and counts their images.
+
+    Args:
+        iterator: an iterator over batches of a dataset or a generator:
+            `(images, labels)` tuples or bare image batches.
+        steps: how many batches to pull.
+
+    Returns:
+        The number of images in those batches.
+
+    Example:
+        >>> take_batches(iter([(np.zeros((4, 8, 8, 3)), np.zeros(4))] * 3), 2)  # doctest: +SKIP
+        8
+    """
     n = 0
     for _ in range(steps):
         batch = next(iterator)
@@ -17,8 +30,8 @@ def _take(iterator, steps: int) -> int:
     return n
 
 
-class _Variant:
-    """One configuration to time, in isolation.
+class Variant:
+    """One configuration to time, in isolation, for `measure`.
 
     `prime()` runs once, untimed, before the first timing (XLA compilation,
     filling a cache, warming the page cache). Every timing then calls
@@ -27,6 +40,16 @@ class _Variant:
     whole epoch, shuffle-buffer fill included. The iterator is dropped
     afterwards, so no pipeline keeps working in the background while another
     one is timed.
+
+    Args:
+        start: makes a fresh iterator of batches.
+        batches: batches each timing pulls after the warm-up.
+        warmup: batches pulled untimed first. Defaults to 0.
+        prime: runs once before the first timing. Defaults to None.
+
+    Example:
+        >>> v = Variant(lambda: iter(ds), batches=10, warmup=1)  # doctest: +SKIP
+        >>> measure({"mine": v}, repeats=3)["mine"]["median"]  # doctest: +SKIP
     """
 
     def __init__(
@@ -43,20 +66,20 @@ class _Variant:
         if not self.rates and self.prime is not None:
             self.prime()
         iterator = self.start()
-        _take(iterator, self.warmup)
+        take_batches(iterator, self.warmup)
         begin = time.perf_counter()
-        n = _take(iterator, self.batches)
+        n = take_batches(iterator, self.batches)
         self.rates.append(n / (time.perf_counter() - begin))
         del iterator
         gc.collect()
 
 
-def whole_epochs(make: Callable[[], Iterator], steps: int) -> _Variant:
+def whole_epochs(make: Callable[[], Iterator], steps: int) -> Variant:
     """A variant timed over whole epochs, each from a fresh `make()`, after one untimed epoch."""
-    return _Variant(make, steps, prime=lambda: _take(make(), steps))
+    return Variant(make, steps, prime=lambda: take_batches(make(), steps))
 
 
-def measure(variants: dict[str, _Variant], repeats: int) -> dict[str, dict]:
+def measure(variants: dict[str, Variant], repeats: int) -> dict[str, dict]:
     """Times `repeats` rounds, variants interleaved, so load changes hit all alike.
 
     Returns:

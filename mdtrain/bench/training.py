@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import time
 
-from mdtrain.bench.common import _bench_data, _check_positive, _write, machine_info
+from mdtrain.bench.common import bench_data, check_positive, machine_info, write_result
 from mdtrain.bench.replicas import VARIANTS, replica_benchmark, run_worker, throughput_worker
 from mdtrain.errors import UsageError
 
@@ -34,8 +34,26 @@ def _step_rate(strategy, trainer, ds, steps: int, warmup: int = 2) -> tuple[floa
     return total / steps, waited / total
 
 
-def _train_worker(config: dict) -> dict:
-    """Runs inside a fresh process: builds both strategies and times their steps."""
+def train_worker(config: dict) -> dict:
+    """Times training steps in this process: what `python -m mdtrain.bench CONFIG` prints.
+
+    Must run in a fresh process, before TensorFlow has started: it makes two
+    virtual CPU devices. A config of kind `"throughput"` goes to
+    `mdtrain.bench.replicas.throughput_worker` instead.
+
+    Args:
+        config: `data`, `model`, `image_size`, `batch_size` and `steps`, as
+            `train_benchmark` sends them.
+
+    Returns:
+        Seconds per step fed by the real pipeline and by one cached batch,
+        the share of a step spent waiting for input, and seconds per step on
+        one and on two replicas.
+
+    Example:
+        >>> train_worker(dict(data="data/demo", model="small-cnn", image_size=64,
+        ...                   batch_size=32, steps=5))  # doctest: +SKIP
+    """
     if config.get("kind") == "throughput":
         return throughput_worker(config)
     import tensorflow as tf
@@ -51,8 +69,6 @@ def _train_worker(config: dict) -> dict:
 
     from mdtrain.data import load_splits
     from mdtrain.distribute import make_strategy
-    from mdtrain.loop import ExactTrainer
-    from mdtrain.models import build_model
     from mdtrain.pipeline import InputData
 
     keras.utils.set_random_seed(0)
@@ -62,21 +78,10 @@ def _train_worker(config: dict) -> dict:
     epochs = 2 + (3 * (steps + 2)) // max(inputs.steps_per_epoch, 1)
     one_batch = next(iter(inputs.epoch_batches(0)))
     cached = tf.data.Dataset.from_tensors(one_batch).repeat()
-
-    def trainer_for(strategy):
-        with strategy.scope():
-            net = build_model(config["model"], len(splits.class_names), size, "none")
-            trainer = ExactTrainer(net)
-            trainer.build((None, size, size, 3))
-            trainer.compile(optimizer=keras.optimizers.Adam(1e-3))
-            # Built here, not on the first step: creating variables inside the
-            # compiled step fails under MirroredStrategy.
-            trainer.optimizer.build(trainer.net.trainable_variables)
-        return trainer
-
     one = tf.distribute.OneDeviceStrategy("/cpu:0")
     two = make_strategy("cpu:2")
-    t_one, t_two = trainer_for(one), trainer_for(two)
+    t_one = _trainer(one, config["model"], len(splits.class_names), size)
+    t_two = _trainer(two, config["model"], len(splits.class_names), size)
     real_step, wait_share = _step_rate(one, t_one, inputs.train_epochs(0, epochs), steps)
     cached_step, _ = _step_rate(one, t_one, cached, steps)
     two_step, _ = _step_rate(two, t_two, cached, steps)
@@ -87,6 +92,24 @@ def _train_worker(config: dict) -> dict:
         "step_s_1_replica": cached_step,
         "step_s_2_replicas": two_step,
     }
+
+
+def _trainer(strategy, model: str, num_classes: int, size: int):
+    """An `ExactTrainer` of `model` built and compiled under `strategy`."""
+    import keras
+
+    from mdtrain.loop import ExactTrainer
+    from mdtrain.models import build_model
+
+    with strategy.scope():
+        net = build_model(model, num_classes, size, "none")
+        trainer = ExactTrainer(net)
+        trainer.build((None, size, size, 3))
+        trainer.compile(optimizer=keras.optimizers.Adam(1e-3))
+        # Built here, not on the first step: creating variables inside the
+        # compiled step fails under MirroredStrategy.
+        trainer.optimizer.build(trainer.net.trainable_variables)
+    return trainer
 
 
 def train_benchmark(
@@ -134,36 +157,17 @@ def train_benchmark(
     Raises:
         UsageError: a bad argument, an unknown model or a failed run.
     """
-    from mdtrain.choices import check_model_name
-    from mdtrain.monitor import verdict
-
-    _check_positive(image_size=image_size, batch_size=batch_size, steps=steps, repeats=repeats)
-    if replica_epochs < 2:
-        raise UsageError(f"--replica-epochs {replica_epochs}: must be at least 2 (one is warm-up)")
-    check_model_name(model)
-    if batch_size < 2:
-        raise UsageError(f"--batch-size {batch_size}: must be at least 2 (two replicas)")
-    data_dir = _bench_data(data)
-    if not data_dir.is_dir():
-        raise UsageError(f"--data {data_dir}: not a directory")
+    _check_train_args(model, image_size, batch_size, steps, repeats, replica_epochs)
+    data_dir = bench_data(data)
     config = dict(data=str(data_dir), model=model, image_size=image_size,
                   batch_size=batch_size, steps=steps)  # fmt: skip
     start = time.perf_counter()
     # The worker is `mdtrain/bench/__main__.py`, in a process TensorFlow has not started in.
     timed = run_worker(config)
     versus = replica_benchmark(str(data_dir), repeats, replica_epochs)
-    ratio = timed["step_s_real_pipeline"] / timed["step_s_cached_batch"]
     machine = machine_info()
     result = {
-        "input_bound_ratio": round(ratio, 3),
-        "goal_input_bound_ratio": 1.05,
-        "goal_met": ratio <= 1.05,
-        **{k: round(v, 4) for k, v in timed.items()},
-        "images_per_sec_real_pipeline": round(batch_size / timed["step_s_real_pipeline"], 1),
-        "images_per_sec_cached_batch": round(batch_size / timed["step_s_cached_batch"], 1),
-        # The monitor's verdict, from the same evidence it uses: the measured input wait.
-        "verdict": verdict(timed["input_wait_share"], None),
-        "two_replica_speedup": round(timed["step_s_1_replica"] / timed["step_s_2_replicas"], 3),
+        **_step_figures(timed, batch_size),
         "vs_keras_fit": versus,
         "cpu_count": machine["cpu_count"],
         "model": model,
@@ -174,13 +178,46 @@ def train_benchmark(
         "machine": machine,
     }
     if output is not None:
-        bars = {
-            "real pipeline, 1 replica": result["images_per_sec_real_pipeline"],
-            "cached batch, 1 replica": result["images_per_sec_cached_batch"],
-            "cached batch, 2 CPU replicas": round(batch_size / timed["step_s_2_replicas"], 1),
-            **{f"main job: {versus[k]['what']}": versus[k]["images_per_sec"]["median"]
-               for k in VARIANTS},
-        }  # fmt: skip
         title = f"Training {model} at {image_size} px, global batch {batch_size}"
-        _write(result, output, "train", bars, None, title)
+        write_result(result, output, "train", _train_bars(result, timed), None, title)
     return result
+
+
+def _train_bars(result: dict, timed: dict[str, float]) -> dict[str, float]:
+    versus = result["vs_keras_fit"]
+    return {
+        "real pipeline, 1 replica": result["images_per_sec_real_pipeline"],
+        "cached batch, 1 replica": result["images_per_sec_cached_batch"],
+        "cached batch, 2 CPU replicas": round(result["batch_size"] / timed["step_s_2_replicas"], 1),
+        **{f"main job: {versus[k]['what']}": versus[k]["images_per_sec"]["median"]
+           for k in VARIANTS},
+    }  # fmt: skip
+
+
+def _check_train_args(model, image_size, batch_size, steps, repeats, replica_epochs) -> None:
+    from mdtrain.choices import check_model_name
+
+    check_positive(image_size=image_size, batch_size=batch_size, steps=steps, repeats=repeats)
+    if replica_epochs < 2:
+        raise UsageError(f"--replica-epochs {replica_epochs}: must be at least 2 (one is warm-up)")
+    check_model_name(model)
+    if batch_size < 2:
+        raise UsageError(f"--batch-size {batch_size}: must be at least 2 (two replicas)")
+
+
+def _step_figures(timed: dict[str, float], batch_size: int) -> dict:
+    """The input-bound ratio and its goal, the worker's timings, rates, verdict and speed-up."""
+    from mdtrain.monitor import verdict
+
+    ratio = timed["step_s_real_pipeline"] / timed["step_s_cached_batch"]
+    return {
+        "input_bound_ratio": round(ratio, 3),
+        "goal_input_bound_ratio": 1.05,
+        "goal_met": ratio <= 1.05,
+        **{k: round(v, 4) for k, v in timed.items()},
+        "images_per_sec_real_pipeline": round(batch_size / timed["step_s_real_pipeline"], 1),
+        "images_per_sec_cached_batch": round(batch_size / timed["step_s_cached_batch"], 1),
+        # The monitor's verdict, from the same evidence it uses: the measured input wait.
+        "verdict": verdict(timed["input_wait_share"], None),
+        "two_replica_speedup": round(timed["step_s_1_replica"] / timed["step_s_2_replicas"], 3),
+    }
