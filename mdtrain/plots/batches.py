@@ -36,52 +36,35 @@ def batch_split_diagram(geometry, steps: int = 4) -> Figure:
     ax = fig.subplots()
     for y, step in enumerate(rows):
         if step is None:
-            ax.text(
-                gb / 2,
-                y,
-                f"... {total - len(shown)} more full steps ...",
-                ha="center",
-                va="center",
-                fontsize=9,
-                color="dimgray",
-            )
-            continue
-        size = gb if step < total - 1 else geometry.last_batch_size
-        start = 0
-        for replica, n in enumerate(geometry.split(size)):
-            if n:
-                ax.add_patch(
-                    Rectangle(
-                        (start, y - 0.35),
-                        n,
-                        0.7,
-                        facecolor=colors[replica],
-                        edgecolor="white",
-                        linewidth=1.5,
-                    )
-                )
-                ax.text(
-                    start + n / 2,
-                    y,
-                    str(n),
-                    ha="center",
-                    va="center",
-                    fontsize=9,
-                    color="white",
-                    fontweight="bold",
-                )
-            start += n
-        empty = [r for r, n in enumerate(geometry.split(size)) if n == 0]
-        if empty:
-            names = ", ".join(str(r) for r in empty)
-            ax.text(
-                start + 0.3,
-                y,
-                f"replica {names}: empty",
-                va="center",
-                fontsize=8,
-                color=WRONG_COLOR,
-            )
+            ax.text(gb / 2, y, f"... {total - len(shown)} more full steps ...",
+                    ha="center", va="center", fontsize=9, color="dimgray")  # fmt: skip
+        else:
+            size = gb if step < total - 1 else geometry.last_batch_size
+            _draw_step(ax, y, geometry.split(size), colors)
+    _label_axes(ax, geometry, rows, colors)
+    fig.tight_layout()
+    return fig
+
+
+def _draw_step(ax, y: int, slices: list[int], colors) -> None:
+    """One global batch as a row of slices, one per replica; replicas without any are named."""
+    start = 0
+    for replica, n in enumerate(slices):
+        if n:
+            ax.add_patch(Rectangle((start, y - 0.35), n, 0.7, facecolor=colors[replica],
+                                   edgecolor="white", linewidth=1.5))  # fmt: skip
+            ax.text(start + n / 2, y, str(n), ha="center", va="center", fontsize=9,
+                    color="white", fontweight="bold")  # fmt: skip
+        start += n
+    empty = [r for r, n in enumerate(slices) if n == 0]
+    if empty:
+        names = ", ".join(str(r) for r in empty)
+        ax.text(start + 0.3, y, f"replica {names}: empty", va="center", fontsize=8,
+                color=WRONG_COLOR)  # fmt: skip
+
+
+def _label_axes(ax, geometry, rows: list[int | None], colors) -> None:
+    gb = geometry.global_batch_size
     ax.set_xlim(0, gb * 1.02)
     ax.set_ylim(len(rows) - 0.5, -0.5)
     ax.set_yticks(
@@ -91,18 +74,10 @@ def batch_split_diagram(geometry, steps: int = 4) -> Figure:
     for side in ("top", "right"):
         ax.spines[side].set_visible(False)
     handles = [Rectangle((0, 0), 1, 1, color=c) for c in colors]
-    ax.legend(
-        handles,
-        [f"replica {r}" for r in range(len(colors))],
-        fontsize=8,
-        loc="upper left",
-        bbox_to_anchor=(1.01, 1.0),
-        frameon=False,
-    )
+    ax.legend(handles, [f"replica {r}" for r in range(len(colors))], fontsize=8,
+              loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)  # fmt: skip
     ax.set_title(
         f"{geometry.num_examples} examples, global batch {gb} on {geometry.num_replicas} "
-        f"replica(s): {total} step(s), last batch {geometry.last_batch_size}",
+        f"replica(s): {geometry.steps} step(s), last batch {geometry.last_batch_size}",
         fontsize=10,
     )
-    fig.tight_layout()
-    return fig
