@@ -190,16 +190,26 @@ def train_weights(
         )  # fmt: skip
     if loss == "naive_global_batch":
         _naive_fit(net, strategy, dataset, epochs, learning_rate, global_batch_size, class_weights)
-        return net.get_weights()
-    if loss == "keras_fit":
-        with strategy.scope():
-            net.compile(
-                optimizer=keras.optimizers.SGD(learning_rate),
-                loss=keras.losses.SparseCategoricalCrossentropy(),
-            )
-        weights = None if class_weights is None else dict(enumerate(class_weights))
-        net.fit(dataset, epochs=epochs, shuffle=False, verbose=0, class_weight=weights)
-        return net.get_weights()
+    elif loss == "keras_fit":
+        _keras_fit(net, strategy, dataset, epochs, learning_rate, class_weights)
+    else:
+        _exact_fit(net, strategy, dataset, epochs, learning_rate, class_weights, loop, steps)
+    return net.get_weights()
+
+
+def _keras_fit(net, strategy, dataset, epochs, learning_rate, class_weights) -> None:
+    """Keras' own rule: `compile(loss=...)` and `fit`."""
+    with strategy.scope():
+        net.compile(
+            optimizer=keras.optimizers.SGD(learning_rate),
+            loss=keras.losses.SparseCategoricalCrossentropy(),
+        )
+    weights = None if class_weights is None else dict(enumerate(class_weights))
+    net.fit(dataset, epochs=epochs, shuffle=False, verbose=0, class_weight=weights)
+
+
+def _exact_fit(net, strategy, dataset, epochs, learning_rate, class_weights, loop, steps) -> None:
+    """`ExactTrainer`, through Keras `fit` or mdtrain's `custom_fit`."""
     with strategy.scope():
         trainer = ExactTrainer(net, class_weights=class_weights)
         trainer.compile(optimizer=keras.optimizers.SGD(learning_rate))
@@ -214,7 +224,6 @@ def train_weights(
             steps_per_epoch=steps,
             verbose=0,
         )
-    return net.get_weights()
 
 
 def max_relative_difference(weights_a: Sequence, weights_b: Sequence) -> float:
