@@ -214,14 +214,7 @@ def balanced_dataset(
     counts = images.counts(num_classes)
     if min(counts) == 0:
         raise UsageError(f"class counts {counts}: every class needs at least one image")
-    labels = np.asarray(images.labels)
-    streams = []
-    for c in range(num_classes):
-        idx = np.flatnonzero(labels == c)
-        one_class = ImageList([images.files[i] for i in idx], [c] * len(idx))
-        ds = decoded_images(one_class, image_size, cache=cache)
-        ds = ds.shuffle(len(idx), seed=epoch_seed(seed, c), reshuffle_each_iteration=True)
-        streams.append(ds.repeat())
+    streams = _class_streams(images, num_classes, image_size, seed, cache)
     if mode == "round-robin":
         ds = tf.data.Dataset.choose_from_datasets(
             streams, tf.data.Dataset.range(num_classes).repeat()
@@ -239,6 +232,21 @@ def balanced_dataset(
 
         ds = ds.enumerate().map(_augment, num_parallel_calls=AUTOTUNE)
     return shard_by_batch(ds).prefetch(AUTOTUNE)
+
+
+def _class_streams(
+    images: ImageList, num_classes: int, image_size: int, seed: int, cache: bool
+) -> list[tf.data.Dataset]:
+    """One endless stream of decoded images per class, reshuffled every pass."""
+    labels = np.asarray(images.labels)
+    streams = []
+    for c in range(num_classes):
+        idx = np.flatnonzero(labels == c)
+        one_class = ImageList([images.files[i] for i in idx], [c] * len(idx))
+        ds = decoded_images(one_class, image_size, cache=cache)
+        ds = ds.shuffle(len(idx), seed=epoch_seed(seed, c), reshuffle_each_iteration=True)
+        streams.append(ds.repeat())
+    return streams
 
 
 def per_class_recall(model, dataset: tf.data.Dataset, num_classes: int) -> np.ndarray:
