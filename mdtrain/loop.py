@@ -326,23 +326,32 @@ def custom_fit(
     for epoch in range(initial_epoch, epochs):
         trainer.reset_metrics()
         cbs.on_epoch_begin(epoch)
-        for step in range(steps_per_epoch):
-            cbs.on_train_batch_begin(step)
-            trainer.train_one_step(iterator)
-            # Reading the metrics is a cross-worker reduction under multi-worker
-            # training, and each eager one starts threads: only a progress bar needs
-            # them every step.
-            cbs.on_train_batch_end(step, _results(trainer) if verbose == 1 else None)
+        _train_epoch(trainer, iterator, cbs, steps_per_epoch, verbose)
         logs = _results(trainer)
         if val_dist is not None:
-            trainer.reset_metrics()
-            cbs.on_test_begin()
-            for batch in val_dist:
-                test_step(batch)
-            logs.update(_results(trainer, "val_"))
-            cbs.on_test_end(logs)
+            _validate(trainer, val_dist, test_step, cbs, logs)
         cbs.on_epoch_end(epoch, logs)
         if trainer.stop_training:
             break
     cbs.on_train_end(logs)
     return history
+
+
+def _train_epoch(trainer: ExactTrainer, iterator, cbs, steps_per_epoch: int, verbose: int) -> None:
+    for step in range(steps_per_epoch):
+        cbs.on_train_batch_begin(step)
+        trainer.train_one_step(iterator)
+        # Reading the metrics is a cross-worker reduction under multi-worker
+        # training, and each eager one starts threads: only a progress bar needs
+        # them every step.
+        cbs.on_train_batch_end(step, _results(trainer) if verbose == 1 else None)
+
+
+def _validate(trainer: ExactTrainer, val_dist, test_step, cbs, logs: dict[str, float]) -> None:
+    """One distributed pass over the validation data; adds its `val_` metrics to `logs`."""
+    trainer.reset_metrics()
+    cbs.on_test_begin()
+    for batch in val_dist:
+        test_step(batch)
+    logs.update(_results(trainer, "val_"))
+    cbs.on_test_end(logs)
