@@ -197,29 +197,37 @@ def predict(
         raise UsageError(f"--top {top}: must be at least 1")
     files = find_image_files(paths)
     net, names, notes = _load(model, model_file, weights, image_size)
-    names = list(class_names) if class_names is not None else names
+    names = _check_names(list(class_names) if class_names is not None else names, net)
+    size = net.input_shape[1] or image_size or 224
+    from mdtrain.data import find_undecodable
+
+    skipped = find_undecodable(files)
+    bad = {s.path for s in skipped}
+    kept = [f for f in files if f not in bad]
+    probabilities = _probabilities(net, kept, size, batch_size) if kept else []
+    predictions = [
+        Prediction(f, _top(p, names, min(top, len(names))))
+        for f, p in zip(kept, probabilities, strict=True)
+    ]
+    return PredictResult(predictions, skipped, notes)
+
+
+def _check_names(names: list[str] | None, net) -> list[str]:
     num_outputs = int(net.output_shape[-1])
     if names is None or len(names) != num_outputs:
         raise UsageError(
             f"the model has {num_outputs} outputs but {0 if names is None else len(names)} "
             "class names were given; pass one name per output"
         )
-    size = net.input_shape[1] or image_size or 224
+    return names
+
+
+def _probabilities(net, files: list[str], size: int, batch_size: int):
+    """The model's class probabilities of each file, decoded and resized as in training."""
     import tensorflow as tf
 
-    from mdtrain.data import find_undecodable
     from mdtrain.pipeline import load_image
 
-    skipped = find_undecodable(files)
-    bad = {s.path for s in skipped}
-    kept = [f for f in files if f not in bad]
-    predictions = []
-    if kept:
-        ds = tf.data.Dataset.from_tensor_slices(kept)
-        ds = ds.map(lambda p: load_image(p, size), num_parallel_calls=tf.data.AUTOTUNE)
-        probabilities = net.predict(ds.batch(batch_size), verbose=0)
-        predictions = [
-            Prediction(f, _top(p, names, min(top, num_outputs)))
-            for f, p in zip(kept, probabilities, strict=True)
-        ]
-    return PredictResult(predictions, skipped, notes)
+    ds = tf.data.Dataset.from_tensor_slices(files)
+    ds = ds.map(lambda p: load_image(p, size), num_parallel_calls=tf.data.AUTOTUNE)
+    return net.predict(ds.batch(batch_size), verbose=0)
