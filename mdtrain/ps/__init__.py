@@ -1,0 +1,52 @@
+"""Parameter-server training: `ParameterServerStrategy` with a `ClusterCoordinator`.
+
+A cluster of three roles. **Parameter servers** (`ps`) hold the variables,
+sharded across them when there are several. **Workers** each hold nothing
+of their own: they run whole training steps — the *whole* model, forward
+and backward, on a batch of their own — reading the variables from the
+parameter servers and sending the updates back. The **chief** (the
+coordinator) builds the model and schedules steps; each step goes to
+whichever worker is free. Nobody waits for anybody: updates are
+*asynchronous*, so a step may compute its gradient from weights that other
+workers have changed meanwhile (*stale* gradients), and the weights cannot
+equal those of one device.
+
+mdtrain runs the same exact step and input pipeline as every other strategy,
+in its own loop on the chief (`training`: Keras 3's `fit` cannot run here),
+and starts every server with enough threads to avoid a hang on small
+machines (`cluster`: the thread-pool trap).
+
+Security: the servers speak unauthenticated, unencrypted gRPC, exactly as
+under MultiWorkerMirroredStrategy; keep them on loopback or a trusted
+network (see `mdtrain.launch`).
+
+Modules: `cluster` (the servers, an in-process cluster, the coordinator),
+`training` (the chief's loop and `train`), `processes` (`python -m
+mdtrain.ps serve|chief`, and `run_local`, a whole job as local processes).
+"""
+
+from __future__ import annotations
+
+from mdtrain.ps.cluster import (
+    MIN_INTER_OP_THREADS,
+    coordinator,
+    in_process_cluster,
+    serve,
+    server_config,
+)
+from mdtrain.ps.processes import main, run_local
+from mdtrain.ps.training import PSHistory, check_config, train, train_steps
+
+__all__ = [
+    "MIN_INTER_OP_THREADS",
+    "PSHistory",
+    "check_config",
+    "coordinator",
+    "in_process_cluster",
+    "main",
+    "run_local",
+    "serve",
+    "server_config",
+    "train",
+    "train_steps",
+]

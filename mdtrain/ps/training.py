@@ -1,0 +1,295 @@
+"""Parameter-server training on the chief: the coordinator's loop over asynchronous steps.
+
+mdtrain runs the same exact step as every other strategy
+(`mdtrain.loop.ExactTrainer.train_step`) and the same input pipeline
+(`mdtrain.pipeline.InputData`, built on each worker through
+`ClusterCoordinator.create_per_worker_dataset`). Keras' own `fit` cannot run
+here: Keras 3 does not support parameter-server training
+(keras-team/keras#18624), and `fit` fails asking for
+`create_per_worker_dataset`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import keras
+import tensorflow as tf
+
+from mdtrain.errors import UsageError
+from mdtrain.ps.cluster import coordinator
+
+
+@dataclass
+class PSHistory:
+    """What an asynchronous run did, one entry per block of `log_every` steps."""
+
+    steps: list[int] = field(default_factory=list)  # steps done at the end of each block
+    loss: list[float] = field(default_factory=list)  # mean training loss within the block
+    accuracy: list[float] = field(default_factory=list)
+    seconds: list[float] = field(default_factory=list)  # since the first step was scheduled
+    scheduled: int = 0
+    completed: int = 0
+    events: list[str] = field(default_factory=list)
+
+    def steps_per_sec(self) -> list[float]:
+        """Throughput of each block (steps / seconds)."""
+        edges = [0.0, *self.seconds]
+        starts = [0, *self.steps]
+        return [
+            (s - s0) / max(t - t0, 1e-9)
+            for s0, s, t0, t in zip(starts, self.steps, edges, self.seconds, strict=False)
+        ]
+
+
+def train_steps(
+    strategy,
+    coord,
+    trainer,
+    dataset_fn,
+    num_steps: int,
+    *,
+    log_every: int = 10,
+    on_block=None,
+) -> PSHistory:
+    """Schedules `num_steps` asynchronous training steps and waits for them.
+
+    Each step is `trainer.train_step` on the next batch of the worker that
+    runs it. Every `log_every` steps the coordinator waits for all scheduled
+    steps (`join`), reads the training metrics, which live on the parameter
+    servers, and resets them: one point of the loss curve. Keras 3 updates a
+    variable by reading it and writing the sum back (`assign_add`), so two
+    workers' metric or optimizer updates can interleave and one be lost:
+    the curve is approximate (an accuracy above 1 has been seen).
+
+    Args:
+        strategy: a `ParameterServerStrategy`.
+        coord: its `ClusterCoordinator`.
+        trainer: a compiled `mdtrain.loop.ExactTrainer`, created in `strategy.scope()`.
+        dataset_fn: a function returning a repeated `(images, labels)` dataset;
+            every worker builds its own from it.
+        num_steps: steps to run in all, over all workers.
+        log_every: steps per point of the curve. Defaults to 10.
+        on_block: called as `on_block(history)` after each point. Defaults to None.
+
+    Returns:
+        The `PSHistory`.
+    """
+    from mdtrain.loop import build_optimizer
+
+    build_optimizer(trainer)  # on the ps, before any step
+    iterator = iter(coord.create_per_worker_dataset(dataset_fn))
+
+    @tf.function
+    def step(it):
+        strategy.run(trainer.train_step, args=(next(it),))
+
+    history, start = PSHistory(), time.perf_counter()
+    trainer.reset_metrics()
+    while history.scheduled < num_steps:
+        block = min(log_every, num_steps - history.scheduled)
+        remote = [coord.schedule(step, args=(iterator,)) for _ in range(block)]
+        history.scheduled += block
+        coord.join()  # raises if a step failed for a reason other than a lost worker
+        for r in remote:
+            r.fetch()  # raises if this step failed; a lost worker's steps were rerun elsewhere
+        history.completed += block
+        history.steps.append(history.completed)
+        history.loss.append(float(trainer.loss_tracker.result()))
+        history.accuracy.append(float(trainer.accuracy_metric.result()))
+        history.seconds.append(time.perf_counter() - start)
+        trainer.reset_metrics()
+        if on_block is not None:
+            on_block(history)
+    return history
+
+
+_UNSUPPORTED = (
+    ("backup_dir", None, "--backup-dir: not under parameter-server training"),
+    ("fine_tune_epochs", 0, "--fine-tune-epochs: not under parameter-server training"),
+    ("mixed_precision", False, "--mixed-precision: not under parameter-server training"),
+    ("deterministic", False, "--deterministic: asynchronous updates cannot be reproduced"),
+)
+_NO_DISK_CACHE = "--cache disk: every worker would write the same cache files; use memory or none"
+
+
+def check_config(config) -> None:
+    """Raises `UsageError` for a `TrainConfig` option parameter-server training lacks.
+
+    Raises:
+        UsageError: one line naming the option, pointing to notebook 07.
+    """
+    for name, default, message in _UNSUPPORTED:
+        if getattr(config, name) != default:
+            raise UsageError(f"{message} (see notebooks/07_choosing_a_strategy.ipynb)")
+    if config.cache == "disk":
+        raise UsageError(f"{_NO_DISK_CACHE} (see notebooks/07_choosing_a_strategy.ipynb)")
+
+
+def _dataset_fn(splits, image_size: int, batch_size: int, config):
+    from mdtrain.augment import AugmentPolicy
+    from mdtrain.pipeline import InputData
+
+    def dataset_fn():
+        # Built on each worker: a dataset made on the chief cannot be copied to one.
+        inputs = InputData(
+            splits,
+            image_size,
+            batch_size,
+            seed=config.seed,
+            augment=AugmentPolicy() if config.augment else None,
+            # In each worker's memory: a disk cache would be one set of files for all.
+            cache="none" if config.cache in ("none", False) else "memory",
+        )
+        # Unseeded: each worker visits the same batches in its own order.
+        return inputs.train_epochs(0, 1).shuffle(64).repeat()
+
+    return dataset_fn
+
+
+def _val_accuracy(net, val_ds) -> float | None:
+    if val_ds is None:
+        return None
+    right = total = 0
+    for images, labels in val_ds:  # on the chief; the weights are read from the ps
+        predicted = tf.argmax(net(images, training=False), axis=-1, output_type=tf.int32)
+        right += int(tf.reduce_sum(tf.cast(predicted == labels, tf.int32)))
+        total += int(labels.shape[0])
+    return right / max(total, 1)
+
+
+def train(
+    config,
+    resolver=None,
+    *,
+    log_every: int = 10,
+    mark_after: int | None = None,
+    mark_file: str | os.PathLike | None = None,
+) -> dict:
+    """Trains `config`'s model with parameter-server training; runs on the chief.
+
+    What `mdtrain launch --workers N --ps M` runs in its chief. The run is
+    `epochs × steps_per_epoch` steps of `global_batch_size` examples, shared
+    by the workers as they come free.
+
+    Args:
+        config: a `mdtrain.train.TrainConfig`; `strategy` is ignored.
+        resolver: the cluster. Defaults to None: `TF_CONFIG`'s.
+        log_every: steps per point of the loss curve. Defaults to 10.
+        mark_after: for a fault drill: after this many steps, create
+            `mark_file` (a launcher may kill a worker then). Defaults to None.
+        mark_file: the file to create. Defaults to None.
+
+    Returns:
+        A JSON-able summary: `steps`, `loss`, `accuracy`, `seconds` (per
+        point), `steps_per_sec`, `scheduled`, `completed`, `val_accuracy`,
+        `num_workers`, `num_ps`, `global_batch_size`, `num_train`, `class_names`.
+
+    Raises:
+        UsageError: for an option parameter-server training lacks, or bad data.
+
+    Example:
+
+    >>> train(TrainConfig(epochs=2), in_process_cluster())  # doctest: +SKIP
+    """
+    config.validate()
+    check_config(config)
+    resolver = resolver or tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    strategy, coord = coordinator(resolver)
+    cluster = resolver.cluster_spec().as_dict()
+    workers, servers = len(cluster.get("worker", [])), len(cluster.get("ps", []))
+    splits, batch = _splits_and_batch(config)
+    size = config.resolved_image_size
+    trainer = _compiled_trainer(config, strategy, splits)
+    num_steps = config.epochs * -(-len(splits.train) // batch)
+    print(
+        f"parameter-server training: {workers} worker(s), {servers} ps; {num_steps} steps "
+        f"of {batch} examples, asynchronous",
+        flush=True,
+    )
+
+    def on_block(history: PSHistory) -> None:
+        if config.verbose:
+            _print_block(history, num_steps)
+        if mark_after is not None and history.steps[-1] >= mark_after and mark_file:
+            _mark_once(history, mark_file)
+
+    dataset_fn = _dataset_fn(splits, size, batch, config)
+    history = train_steps(
+        strategy, coord, trainer, dataset_fn, num_steps, log_every=log_every, on_block=on_block
+    )
+    summary = asdict(history) | {
+        "steps_per_sec": history.steps_per_sec(),
+        "num_workers": workers,
+        "num_ps": servers,
+        "global_batch_size": batch,
+        "num_train": len(splits.train),
+        "class_names": splits.class_names,
+        "val_accuracy": _val_accuracy(trainer.net, _val_ds(splits, size, batch)),
+    }
+    if config.output:
+        _write_outputs(config.output, trainer.net, summary)
+    return summary
+
+
+def _splits_and_batch(config):
+    """The run's data (the demo set when `config.data` is None) and its global batch size."""
+    from mdtrain.data import load_splits
+    from mdtrain.distribute import resolve_global_batch_size
+    from mdtrain.sources import ensure_demo_dataset
+
+    data_dir = config.data if config.data is not None else str(ensure_demo_dataset())
+    splits = load_splits(data_dir, config.val_data, config.validation_split, config.seed)
+    batch = resolve_global_batch_size(1, config.batch_size_per_replica, config.global_batch_size)
+    return splits, batch
+
+
+def _compiled_trainer(config, strategy, splits):
+    """An `ExactTrainer` of `config`'s model; its variables live on the parameter servers."""
+    from mdtrain.imbalance import class_weights_for
+    from mdtrain.loop import ExactTrainer
+    from mdtrain.models import build_model
+
+    classes = splits.class_names
+    weights = class_weights_for(config.class_weight, splits.train.counts(len(classes)))
+    keras.utils.set_random_seed(config.seed)
+    with strategy.scope():
+        net = build_model(
+            config.model, len(classes), config.resolved_image_size, config.weights, config.dropout
+        )
+        trainer = ExactTrainer(net, class_weights=weights)
+        trainer.compile(optimizer=keras.optimizers.Adam(config.learning_rate))
+    return trainer
+
+
+def _print_block(history: PSHistory, num_steps: int) -> None:
+    done, loss, accuracy = history.steps[-1], history.loss[-1], history.accuracy[-1]
+    print(
+        f"step {done}/{num_steps}: loss {loss:.4f} accuracy {accuracy:.3f} "
+        f"({history.seconds[-1]:.1f} s)",
+        flush=True,
+    )
+
+
+def _mark_once(history: PSHistory, mark_file: str | os.PathLike) -> None:
+    """Creates the fault drill's mark file, once; a launcher may kill a worker then."""
+    if not Path(mark_file).exists():
+        Path(mark_file).touch()
+        history.events.append(f"step {history.steps[-1]}: drill mark written")
+
+
+def _val_ds(splits, image_size: int, batch: int):
+    from mdtrain.pipeline import InputData
+
+    return InputData(splits, image_size, batch, augment=None, cache="none").val_ds
+
+
+def _write_outputs(folder, net, summary: dict) -> None:
+    out = Path(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    net.save(out / "model.keras")
+    (out / "report.json").write_text(json.dumps(summary, indent=1))
