@@ -7,10 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from mdtrain import strategies
 from mdtrain.choices import STRATEGY_NOTEBOOK, check_strategy_name
 from mdtrain.errors import UsageError
-from mdtrain.strategies import TOLERANCE, Row, format_matrix, probe
+from mdtrain.strategies import TOLERANCE, Row, format_matrix, matrix, probe
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -56,10 +55,10 @@ def test_a_probe_past_its_timeout_is_killed_and_reported_hung():
 
 
 def test_no_tpu_is_reported_without_starting_tensorflow(monkeypatch):
-    if strategies._tpu_hint():
+    if matrix._tpu_hint():
         pytest.skip("this machine may have a TPU")
     row = probe("tpu", timeout_s=5)
-    assert (row.status, row.error) == ("absent", strategies.NO_TPU)
+    assert (row.status, row.error) == ("absent", matrix.NO_TPU)
 
 
 @pytest.mark.parametrize(

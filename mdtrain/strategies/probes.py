@@ -1,21 +1,9 @@
-"""Which `tf.distribute` strategies work on this machine, measured: a capability matrix.
+"""The probes of the capability matrix, each run in its own process.
 
-`capability_matrix()` runs every strategy the series' articles name on the
-same small, fixed data, each in a fresh Python process bounded by a timeout
-(so a hang is killed, and each gets its own virtual devices), and returns
-one `Row` per strategy:
-
-- does `fit` work (`mdtrain.loop.ExactTrainer.fit`, what `mdtrain train --loop fit` runs)?
-- does mdtrain's custom loop work (`mdtrain.loop.custom_fit`; for parameter
-  servers the coordinator loop of `mdtrain.ps`)?
-- for synchronous strategies: are the final weights those of one device
-  (`mdtrain.numerics.compare_with_reference` on `small-cnn`, up to float32
-  rounding: below `TOLERANCE`)?
-- what one training step costs (median, milliseconds);
-- the error text, where something fails or hangs.
-
-Importing this module starts no TensorFlow; only the probes do, each in
-its own process. Run one probe by hand with `python -m mdtrain.strategies NAME`.
+`python -m mdtrain.strategies NAME [--result FILE] [--smoke]` runs one
+(`main`): it trains `MODEL` under the strategy NAME and writes its `Row` as
+JSON. `multiworker` starts two local workers that each run
+`multiworker-worker`; the `ps` probes start an in-process cluster.
 """
 
 from __future__ import annotations
@@ -23,172 +11,12 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
 import sys
 import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
-#: Probe names, in the matrix's order.
-PROBES = ("one", "mirrored", "multiworker", "central", "ps", "ps-2-threads", "tpu")
-LABELS = {
-    "one": "OneDeviceStrategy",
-    "mirrored": "MirroredStrategy",
-    "multiworker": "MultiWorkerMirroredStrategy (2 local workers)",
-    "central": "CentralStorageStrategy",
-    "ps": "ParameterServerStrategy (2 workers + 1 ps, loopback)",
-    "ps-2-threads": "ParameterServerStrategy, workers with 2 inter-op threads",
-    "tpu": "TPUStrategy",
-}
-MODEL = "small-cnn"  # mdtrain's own model, batch normalization included
-TOLERANCE = 1e-4  # as tests/test_numerics.py: rounding ~1e-5 with batch norm; a wrong scale ~1e-1
-
-
-@dataclass
-class Row:
-    """One strategy's line of the matrix. `None` means "does not apply"."""
-
-    probe: str
-    strategy: str
-    replicas: int | None = None
-    fit: bool | None = None
-    custom_loop: bool | None = None
-    max_difference: float | None = None  # vs one device, of the custom loop's (else fit's) weights
-    equal_to_one_device: bool | None = None
-    step_ms: float | None = None
-    status: str = "ok"  # ok | failed | hung | absent
-    error: str | None = None
-    note: str | None = None
-
-    def cells(self) -> list[str]:
-        """The row as table cells (see `format_matrix`)."""
-
-        def yes(value: bool | None) -> str:
-            return "-" if value is None else ("yes" if value else "NO")
-
-        equal = yes(self.equal_to_one_device)
-        if self.max_difference is not None:
-            equal += f" ({self.max_difference:.0e})"
-        step = "-" if self.step_ms is None else f"{self.step_ms:.0f}"
-        return [
-            self.strategy,
-            str(self.replicas or "-"),
-            yes(self.fit),
-            yes(self.custom_loop),
-            equal,
-            step,
-            self.status,
-        ]
-
-
-HEADER = ["strategy", "replicas", "fit", "custom loop", "weights = 1 device", "ms/step", "status"]
-
-
-def format_matrix(rows: list[Row]) -> str:
-    """The matrix as an aligned text table, then each row's error text, if any.
-
-    Args:
-        rows: what `capability_matrix` returned.
-
-    Returns:
-        The table, one line per strategy, and a numbered note per error.
-    """
-    table = [HEADER, *(row.cells() for row in rows)]
-    widths = [max(len(line[i]) for line in table) for i in range(len(HEADER))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)) for line in table]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    notes = [f"- {row.probe}: {row.note}" for row in rows if row.note]
-    notes += [f"- {row.probe}: {row.error}" for row in rows if row.error]
-    return "\n".join(lines + ([""] + notes if notes else []))
-
-
-def probe(name: str, *, timeout_s: float = 180.0, smoke: bool = False) -> Row:
-    """Runs one strategy's probe in a fresh Python process and returns its row.
-
-    Args:
-        name: one of `PROBES`.
-        timeout_s: the process is killed after this many seconds and the row
-            says "hung". Defaults to 180.
-        smoke: less data, for CI. Defaults to False.
-
-    Returns:
-        The `Row`.
-
-    Raises:
-        ValueError: for an unknown `name`.
-
-    Example:
-        >>> probe("one").fit  # doctest: +SKIP
-        True
-    """
-    if name not in PROBES:
-        raise ValueError(f"unknown probe {name!r}; choose one of {PROBES}")
-    if name == "tpu" and not _tpu_hint():  # skip starting TensorFlow to find nothing
-        return Row(name, LABELS[name], status="absent", error=NO_TPU)
-    with tempfile.TemporaryDirectory(prefix="mdtrain-probe-") as tmp:
-        result = Path(tmp) / "row.json"
-        command = [sys.executable, "-m", "mdtrain.strategies", name, "--result", str(result)]
-        command += ["--smoke"] if smoke else []
-        env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1"}
-        try:
-            done = subprocess.run(
-                command,
-                capture_output=True,
-                text=True,
-                env=env,
-                timeout=timeout_s,
-                start_new_session=True,
-            )
-        except subprocess.TimeoutExpired:
-            killed = f"no result within {timeout_s:.0f} s; the process was killed"
-            return Row(name, LABELS[name], status="hung", error=killed)
-        if result.exists():
-            return Row(**json.loads(result.read_text()))
-        tail = [line for line in done.stderr.splitlines() if line.strip()][-1:] or ["no output"]
-        return Row(
-            name,
-            LABELS[name],
-            status="failed",
-            error=f"exit code {done.returncode}: {tail[0][:300]}",
-        )
-
-
-NO_TPU = "no TPU here (no TPU_NAME, COLAB_TPU_ADDR, /dev/accel0 or /dev/vfio/0)"
-
-
-def _tpu_hint() -> bool:
-    """What `mdtrain.distribute` checks before it asks TensorFlow for a TPU."""
-    names = ("TPU_NAME", "COLAB_TPU_ADDR")
-    return any(os.environ.get(n) for n in names) or any(
-        os.path.exists(p) for p in ("/dev/accel0", "/dev/vfio/0")
-    )
-
-
-def capability_matrix(
-    probes: tuple[str, ...] = PROBES, *, timeout_s: float = 180.0, smoke: bool = False
-) -> list[Row]:
-    """Runs every probe, one after the other, and returns the matrix.
-
-    Args:
-        probes: which strategies to try. Defaults to all of `PROBES`.
-        timeout_s: per probe (see `probe`). Defaults to 180.
-        smoke: less data, for CI. Defaults to False.
-
-    Returns:
-        One `Row` per probe, in order.
-
-    Example:
-        >>> print(format_matrix(capability_matrix()))  # doctest: +SKIP
-    """
-    return [probe(name, timeout_s=timeout_s, smoke=smoke) for name in probes]
-
-
-def rows_to_dicts(rows: list[Row]) -> list[dict]:
-    """The rows as plain dictionaries (JSON, a DataFrame)."""
-    return [asdict(row) for row in rows]
-
-
-# The probes: each runs in its own process (`python -m mdtrain.strategies NAME`).
+from mdtrain.strategies.matrix import LABELS, MODEL, PROBES, TOLERANCE, Row, format_matrix
 
 
 def _first_line(error: BaseException) -> str:
@@ -298,15 +126,7 @@ def _probe_local(name: str, smoke: bool) -> Row:
 
 def _probe_ps(name: str, smoke: bool, wait_s: float) -> Row:
     """Parameter servers on loopback: Keras fit, custom_fit, and the coordinator loop."""
-    import threading
-
-    import keras
-    import numpy as np
-
     from mdtrain import ps
-    from mdtrain.loop import ExactTrainer
-    from mdtrain.models import build_model
-    from mdtrain.numerics import train_weights
 
     threads = 2 if name == "ps-2-threads" else None
     strategy, coord = ps.coordinator(ps.in_process_cluster(2, 1, inter_op_threads=threads))
@@ -314,17 +134,44 @@ def _probe_ps(name: str, smoke: bool, wait_s: float) -> Row:
     row = Row(name, LABELS[name], replicas=2)  # 2 workers, 1 replica each
     errors = []
     if threads is None:  # with 2 threads fit's first step would hang too
-        for loop in ("fit", "custom"):
-            try:
-                train_weights(strategy, compare, loop=loop, epochs=1)
-                row.fit = True if loop == "fit" else row.fit
-            except Exception as error:  # noqa: BLE001  (a failing loop is a result)
-                row.fit = False if loop == "fit" else row.fit
-                errors.append(f"{'fit' if loop == 'fit' else 'custom_fit'}: {_first_line(error)}")
+        errors += _try_keras_loops(strategy, compare, row)
+    steps = 24 if smoke else 60
+    done = _run_coordinator_loop(strategy, coord, smoke, steps, wait_s)
+    errors += _read_coordinator_loop(row, done, steps, wait_s)
+    if errors:
+        row.status = row.status if row.status != "ok" else "partly"
+        row.error = "; ".join(errors)
+    return row
+
+
+def _try_keras_loops(strategy, compare, row: Row) -> list[str]:
+    """Trains with `fit` and with `custom_fit`; sets `row.fit`; returns their errors."""
+    from mdtrain.numerics import train_weights
+
+    errors = []
+    for loop in ("fit", "custom"):
+        try:
+            train_weights(strategy, compare, loop=loop, epochs=1)
+            row.fit = True if loop == "fit" else row.fit
+        except Exception as error:  # noqa: BLE001  (a failing loop is a result)
+            row.fit = False if loop == "fit" else row.fit
+            errors.append(f"{'fit' if loop == 'fit' else 'custom_fit'}: {_first_line(error)}")
+    return errors
+
+
+def _run_coordinator_loop(strategy, coord, smoke: bool, steps: int, wait_s: float) -> dict:
+    """`{"history": ...}` or `{"error": ...}` of `steps` steps; `{}` if none ended in `wait_s`."""
+    import threading
+
+    import keras
+
+    from mdtrain import ps
+    from mdtrain.loop import ExactTrainer
+    from mdtrain.models import build_model
+
     with strategy.scope():
         trainer = ExactTrainer(build_model("small-cnn", 3, 32, dropout=0.0))
         trainer.compile(optimizer=keras.optimizers.SGD(0.05))
-    steps = 24 if smoke else 60
     done: dict = {}
 
     def run() -> None:
@@ -340,9 +187,17 @@ def _probe_ps(name: str, smoke: bool, wait_s: float) -> Row:
         except Exception as error:  # noqa: BLE001
             done["error"] = _first_line(error)
 
+    # A thread, so a hung step (the thread-pool trap) is a result instead of a hang here.
     worker = threading.Thread(target=run, daemon=True)
     worker.start()
     worker.join(wait_s)
+    return done
+
+
+def _read_coordinator_loop(row: Row, done: dict, steps: int, wait_s: float) -> list[str]:
+    """Fills the row's custom-loop cells from `done`; returns the loop's error, if any."""
+    import numpy as np
+
     if "history" in done:
         h = done["history"]
         row.custom_loop = h.completed == steps and bool(np.isfinite(h.loss).all())
@@ -351,16 +206,12 @@ def _probe_ps(name: str, smoke: bool, wait_s: float) -> Row:
             f"coordinator loop: {h.completed}/{steps} asynchronous steps, loss "
             f"{h.loss[0]:.2f} -> {h.loss[-1]:.2f}; weights cannot equal one device's"
         )
-    elif "error" in done:
+        return []
+    if "error" in done:
         row.custom_loop, row.status = False, "failed"
-        errors.append(f"coordinator loop: {done['error']}")
-    else:
-        row.custom_loop, row.status = False, "hung"
-        errors.append(f"coordinator loop: no step finished within {wait_s:.0f} s")
-    if errors:
-        row.status = row.status if row.status != "ok" else "partly"
-        row.error = "; ".join(errors)
-    return row
+        return [f"coordinator loop: {done['error']}"]
+    row.custom_loop, row.status = False, "hung"
+    return [f"coordinator loop: no step finished within {wait_s:.0f} s"]
 
 
 def _probe_multiworker(smoke: bool, result: Path) -> None:
@@ -427,7 +278,3 @@ def main(argv: list[str] | None = None) -> int:
     if not args.result and result.exists():
         print(format_matrix([Row(**json.loads(result.read_text()))]))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
