@@ -127,11 +127,6 @@ class TrainResult:
         }
 
 
-def _say(config: TrainConfig, text: str) -> None:
-    if config.verbose:
-        print(text, flush=True)
-
-
 def train(config: TrainConfig, callbacks: list | None = None) -> TrainResult:
     """Runs one training job as described by `config`.
 
@@ -238,17 +233,16 @@ class _Run:
         return self.config.loop
 
     def _describe(self) -> None:
-        config, splits = self.config, self.splits
-        _say(config, f"strategy {type(self.strategy).__name__} with {self.replicas} replica(s): "
-                     f"{self.geometry.describe()}")  # fmt: skip
-        _say(
-            config,
+        splits = self.splits
+        self._say(f"strategy {type(self.strategy).__name__} with {self.replicas} replica(s): "
+                  f"{self.geometry.describe()}")  # fmt: skip
+        self._say(
             f"data {self.data_dir}: {len(splits.class_names)} classes, {self.inputs.num_train} "
             f"train, {self.inputs.num_val} validation, {len(splits.skipped)} unreadable file(s) "
-            "skipped",
+            "skipped"
         )
         for s in splits.skipped[:10]:
-            _say(config, f"  skipped {s.path}: {s.reason}")
+            self._say(f"  skipped {s.path}: {s.reason}")
 
     def _build_trainer(self):
         import keras
@@ -325,7 +319,8 @@ class _Run:
         )
 
     def _say(self, text: str) -> None:
-        _say(self.config, text)
+        if self.config.verbose:  # 0 on every worker but the chief
+            print(text, flush=True)
 
     def _start_phase(self, segment) -> None:
         import keras
