@@ -65,24 +65,48 @@ class TrainConfig:
         c.check_batch_sizes(self.batch_size_per_replica, self.global_batch_size)
         if self.image_size is not None:
             c.check_image_size(self.model, self.image_size)
-        for argument, options in (("loop", c.LOOPS), ("class_weight", c.CLASS_WEIGHTS),
-                                  ("cache", c.CACHE_MODES), ("monitor", c.MONITOR_DISPLAYS)):
+        for argument, options in (
+            ("loop", c.LOOPS),
+            ("class_weight", c.CLASS_WEIGHTS),
+            ("cache", c.CACHE_MODES),
+            ("monitor", c.MONITOR_DISPLAYS),
+        ):
             value = getattr(self, argument)
             c.check(value in options, argument, value, f"choose one of {', '.join(options)}")
         c.check(self.epochs >= 1, "epochs", self.epochs, "must be at least 1")
         c.check(self.fine_tune_epochs >= 0, "fine_tune_epochs", self.fine_tune_epochs,
                 "must be at least 0")  # fmt: skip
         c.check(self.learning_rate > 0, "learning_rate", self.learning_rate, "must be positive")
-        c.check(0 <= self.validation_split < 1, "validation_split", self.validation_split,
-                "must be in [0, 1) (0 means no validation)")
-        c.check(self.backup_every_steps is None or self.backup_every_steps >= 1,
-                "backup_every_steps", self.backup_every_steps, "must be at least 1")
-        c.check(self.backup_every_steps is None or bool(self.backup_dir), "backup_every_steps",
-                self.backup_every_steps, "needs a backup folder (--backup-dir)")
-        c.check(self.fine_tune_epochs == 0 or self.model != "small-cnn", "fine_tune_epochs",
-                self.fine_tune_epochs, "needs a pretrained base: use an EfficientNet model")
-        c.check(self.weights in ("imagenet", "none") or os.path.isfile(self.weights), "weights",
-                self.weights, "no such file; pass imagenet, none, or a weights file")
+        c.check(
+            0 <= self.validation_split < 1,
+            "validation_split",
+            self.validation_split,
+            "must be in [0, 1) (0 means no validation)",
+        )
+        c.check(
+            self.backup_every_steps is None or self.backup_every_steps >= 1,
+            "backup_every_steps",
+            self.backup_every_steps,
+            "must be at least 1",
+        )
+        c.check(
+            self.backup_every_steps is None or bool(self.backup_dir),
+            "backup_every_steps",
+            self.backup_every_steps,
+            "needs a backup folder (--backup-dir)",
+        )
+        c.check(
+            self.fine_tune_epochs == 0 or self.model != "small-cnn",
+            "fine_tune_epochs",
+            self.fine_tune_epochs,
+            "needs a pretrained base: use an EfficientNet model",
+        )
+        c.check(
+            self.weights in ("imagenet", "none") or os.path.isfile(self.weights),
+            "weights",
+            self.weights,
+            "no such file; pass imagenet, none, or a weights file",
+        )
         taken = [n for n in OUTPUT_FILES if self.output and (Path(self.output) / n).exists()]
         c.check(not taken, "output", self.output, f"already holds {', '.join(taken)}; "
                 "choose a new folder (nothing was overwritten)")  # fmt: skip
