@@ -53,9 +53,9 @@ def _add_data(sub) -> None:
     dsub = data.add_subparsers(dest="data_command", required=True, parser_class=_Parser)
     synth = dsub.add_parser(
         "synth", help="write the synthetic demo dataset (JPEG, train/ and val/)"
-    )
+    )  # fmt: skip
     synth.add_argument("out", help="new folder for the dataset")
-    synth.add_argument("--classes", type=int, default=5, help="number of shape classes (2-5)")
+    synth.add_argument("--classes", type=int, default=5, help="number of shape classes, 2 to 5")
     synth.add_argument("--per-class", type=int, default=300, help="training images per class")
     synth.add_argument("--image-size", type=int, default=256, help="side of the images, pixels")
     synth.add_argument("--seed", type=int, default=0, help="seed of the drawing")
@@ -65,88 +65,116 @@ def _add_data(sub) -> None:
     flowers.add_argument("--cache-dir", default="data", help="where the download is kept")
     check = dsub.add_parser(
         "check", help="report classes, counts, unreadable and mislabelled files"
-    )
+    )  # fmt: skip
     check.add_argument("dir", help="a class-folder dataset (train/ and val/, or class folders)")
     check.add_argument("--json", action="store_true", help="print one JSON object")
 
 
 def _add_train(sub) -> None:
-    from mdtrain.choices import CACHE_MODES, CLASS_WEIGHTS, LOOPS, MODELS, MONITOR_DISPLAYS
+    from mdtrain.choices import CLASS_WEIGHTS, LOOPS, MODELS, STRATEGIES
 
     t = sub.add_parser("train", help="train an image classifier under a distribution strategy")
     t.add_argument("--data", help="dataset folder with one sub-folder per class (default: the "
                    "demo dataset, made on first use)")  # fmt: skip
     g = t.add_mutually_exclusive_group()
-    g.add_argument("--val-data", help="validation folder with the same class folders")
+    g.add_argument("--val-data", help="validation folder with the same class folders (default: "
+                   "val/ beside train/ in --data, else --validation-split)")  # fmt: skip
     g.add_argument("--validation-split", type=float, default=0.0,
                    help="share of --data held out for validation, in [0, 1) (default: 0, "
                    "none: use val/ or --val-data)")  # fmt: skip
     t.add_argument("--model", default="small-cnn", help=f"the classifier: {', '.join(MODELS)}")
     t.add_argument("--weights", default="none",
-                   help="imagenet, none, or a weights file (pretrained models only)")  # fmt: skip
-    t.add_argument("--image-size", type=int,
-                   help="side of the square input (default: 64 for small-cnn, 224 otherwise)")
+                   help="imagenet, none, or a weights file (EfficientNet models only)")  # fmt: skip
+    t.add_argument("--image-size", type=int, help="side of the square input "
+                   "(default: 64 for small-cnn, 224 otherwise)")  # fmt: skip
     b = t.add_mutually_exclusive_group()
     b.add_argument("--batch-size-per-replica", type=int,
-                   help="examples per replica per step (default: 32 per replica)")
+                   help="examples per replica per step (default: 32 per replica)")  # fmt: skip
     b.add_argument("--global-batch-size", type=int,
-                   help="examples per step over all replicas (a multiple of the replicas)")
+                   help="examples per step over all replicas, a multiple of the replicas "
+                   "(default: 32 per replica x the replicas)")  # fmt: skip
     t.add_argument("--epochs", type=int, default=20, help="training epochs")
     t.add_argument("--fine-tune-epochs", type=int, default=0,
-                   help="then epochs of fine-tuning the top of a pretrained base")
+                   help="then epochs of fine-tuning the top of a pretrained base")  # fmt: skip
     t.add_argument("--learning-rate", type=float, default=2e-3,
-                   help="peak learning rate (cosine decay to a tenth)")
+                   help="peak learning rate (cosine decay to a tenth)")  # fmt: skip
     t.add_argument("--strategy", default="auto",
-                   help="auto, mirrored, multiworker, tpu, one or cpu:N (N virtual CPU replicas)")
+                   help=f"{', '.join(STRATEGIES)} (N virtual CPU replicas)")  # fmt: skip
     t.add_argument("--loop", default="fit",
                    help=f"{' or '.join(LOOPS)}: model.fit, or the custom strategy.run loop "
                    "(same weights)")  # fmt: skip
     t.add_argument("--mixed-precision", action="store_true",
-                   help="float16 on GPUs (loss-scaled), bfloat16 elsewhere")
-    t.add_argument("--no-augment", dest="augment", action="store_false",
-                   help="train without random flips, rotations, zooms and colour changes")
+                   help="float16 on GPUs (loss-scaled), bfloat16 elsewhere")  # fmt: skip
+    t.add_argument("--no-augment", dest="augment", action="store_false", help="train without "
+                   "random flips, rotations, zooms and colour changes")  # fmt: skip
     t.add_argument("--dropout", type=float, default=0.2, help="dropout before the last layer")
-    t.add_argument("--class-weight", default="none",
-                   help=f"{' or '.join(CLASS_WEIGHTS)}: auto weighs the loss to balance classes")
+    t.add_argument("--class-weight", default="none", help=f"{' or '.join(CLASS_WEIGHTS)}: "
+                   "auto weighs the loss to balance classes")  # fmt: skip
     t.add_argument("--seed", type=int, default=0,
-                   help="seed of weights, shuffling and augmentation")
+                   help="seed of weights, shuffling and augmentation")  # fmt: skip
     t.add_argument("--deterministic", action="store_true",
-                   help="bit-reproducible runs (slower)")
+                   help="bit-reproducible runs (slower)")  # fmt: skip
+    _add_train_keeping(t)
+
+
+def _add_train_keeping(t) -> None:
+    """Where `train` keeps decoded images, backups and results, and what it shows."""
+    from mdtrain.choices import CACHE_MODES, MONITOR_DISPLAYS
+
     t.add_argument("--cache", default="auto",
                    help=f"{', '.join(CACHE_MODES)}: where decoded images are kept; auto keeps "
                    "them in memory when they fit, else on disk with --cache-dir, else "
                    "streams them")  # fmt: skip
-    t.add_argument("--cache-dir", help="folder for --cache disk (never inside your data)")
-    t.add_argument("--backup-dir", help="back up to this folder every epoch, and resume from it")
+    t.add_argument("--cache-dir", help="folder for --cache disk, never inside your data "
+                   "(default: none: --cache auto streams what memory cannot hold)")  # fmt: skip
+    t.add_argument("--backup-dir", help="back up to this folder every epoch, and resume from it "
+                   "(default: no backups)")  # fmt: skip
     t.add_argument("--backup-every-steps", type=_positive_int,
-                   help="also back up every N steps within an epoch (needs --backup-dir)")
-    t.add_argument("--output", help="new folder for model.keras, history.json, report.json")
+                   help="also back up every N steps within an epoch (needs --backup-dir; "
+                   "default: at the end of each epoch only)")  # fmt: skip
+    t.add_argument("--output", help="new folder for model.keras, history.json, report.json "
+                   "(default: nothing written)")  # fmt: skip
     t.add_argument("--monitor", default="auto",
                    help=f"{', '.join(MONITOR_DISPLAYS)}: auto is a live dashboard in notebooks, "
                    "a text line per epoch elsewhere")  # fmt: skip
     t.add_argument("--json", action="store_true", help="end with one JSON summary line")
 
 
+_BENCH_DATA = "dataset folder: class folders, or train/ and val/ (default: 1500 JPEGs made in "
+_BENCH_DATA += "data/bench on first use)"
+_BENCH_JSON = "print the result as one JSON object"
+
+
+def _bench_output(stem: str) -> str:
+    return (f"a folder for {stem}.json and {stem}.png, or a .json path (the PNG beside it) "
+            "(default: nothing written)")  # fmt: skip
+
+
 def _add_bench(sub) -> None:
+    from mdtrain.choices import MODELS
+
     bench = sub.add_parser("bench", help="measure input pipelines and training steps")
     bsub = bench.add_subparsers(dest="bench_command", required=True, parser_class=_Parser)
     p = bsub.add_parser(
         "pipeline", help="image_dataset_from_directory, ImageDataGenerator, tf.data: images/sec"
-    )
-    p.add_argument("--data")
-    p.add_argument("--image-size", type=_positive_int, default=224)
-    p.add_argument("--batch-size", type=_positive_int, default=32)
-    p.add_argument("--repeats", type=_positive_int, default=3)
-    p.add_argument("--output", help="write the JSON result and a PNG chart here")
-    p.add_argument("--json", action="store_true")
+    )  # fmt: skip
+    p.add_argument("--data", help=_BENCH_DATA)
+    p.add_argument("--image-size", type=_positive_int, default=224, help="output side, pixels")
+    p.add_argument("--batch-size", type=_positive_int, default=32, help="images per batch")
+    p.add_argument("--repeats", type=_positive_int, default=3,
+                   help="timed epochs per variant, interleaved")  # fmt: skip
+    p.add_argument("--output", help=_bench_output("pipeline"))
+    p.add_argument("--json", action="store_true", help=_BENCH_JSON)
     t = bsub.add_parser("train", help="step time with the real pipeline vs a cached batch")
-    t.add_argument("--data")
-    t.add_argument("--model", default="efficientnetv2-b0")
-    t.add_argument("--image-size", type=_positive_int, default=128)
-    t.add_argument("--batch-size", type=_positive_int, default=32)
-    t.add_argument("--steps", type=_positive_int, default=20)
-    t.add_argument("--output")
-    t.add_argument("--json", action="store_true")
+    t.add_argument("--data", help=_BENCH_DATA)
+    t.add_argument("--model", default="efficientnetv2-b0", help=f"the model: {', '.join(MODELS)}")
+    t.add_argument("--image-size", type=_positive_int, default=128, help="input side, pixels")
+    t.add_argument("--batch-size", type=_positive_int, default=32,
+                   help="global batch size, at least 2 (two replicas)")  # fmt: skip
+    t.add_argument("--steps", type=_positive_int, default=20,
+                   help="timed steps per configuration, after 2 warm-up steps")  # fmt: skip
+    t.add_argument("--output", help=_bench_output("train"))
+    t.add_argument("--json", action="store_true", help=_BENCH_JSON)
 
 
 def _add_launch(sub) -> None:
@@ -155,10 +183,11 @@ def _add_launch(sub) -> None:
         usage="mdtrain launch --workers N [--ps M] [--restarts R] [--gpus-per-worker K] -- <args>",
     )  # fmt: skip
     la.add_argument("--workers", type=_positive_int, required=True,
-                    help="worker processes on this machine (127.0.0.1 only)")  # fmt: skip
+                    help="worker processes on this machine, 127.0.0.1 only (required)")  # fmt: skip
     la.add_argument(
         "--ps", type=int, default=0, metavar="M",
-        help="M parameter servers: asynchronous parameter-server training (notebook 07)",
+        help="M parameter servers: asynchronous parameter-server training (notebook 07); "
+        "0: multi-worker training",
     )  # fmt: skip
     la.add_argument("--restarts", type=int, default=0,
                     help="restart all workers up to R times when one fails")  # fmt: skip
@@ -171,21 +200,27 @@ def _add_launch(sub) -> None:
         help="GPUs in each worker's CUDA_VISIBLE_DEVICES (default: the GPUs split evenly; "
         "0: workers on the CPU)",
     )  # fmt: skip
-    la.add_argument("train_args", nargs=argparse.REMAINDER,
-                    help="after --: the mdtrain train arguments (a leading 'train' is fine)")
+    la.add_argument("train_args", nargs=argparse.REMAINDER, help="after --: the mdtrain "
+                    "train arguments (a leading 'train' is fine)")  # fmt: skip
 
 
 def _add_predict(sub) -> None:
+    from mdtrain.choices import LITE0
+
     p = sub.add_parser(
         "predict", help="classify image files with a trained model or the ImageNet network",
         usage="mdtrain predict IMAGE_OR_DIR... (--model-file RUN/model.keras | "
         "--model efficientnet-lite0 --weights imagenet) [--top K] [--json]",
     )  # fmt: skip
-    p.add_argument("paths", nargs="+", metavar="IMAGE_OR_DIR")
+    p.add_argument("paths", nargs="+", metavar="IMAGE_OR_DIR",
+                   help="image files and folders (searched recursively)")  # fmt: skip
     g = p.add_mutually_exclusive_group(required=True)
-    g.add_argument("--model-file", help="a run's model.keras (class names from its report.json)")
-    g.add_argument("--model", help="efficientnet-lite0: the pretrained ImageNet network")
-    p.add_argument("--weights", default="imagenet", help="with --model: imagenet or a file")
+    g.add_argument("--model-file", help="a run's model.keras, class names from its report.json "
+                   "(this or --model is required)")  # fmt: skip
+    g.add_argument("--model", help=f"{LITE0}: the pretrained ImageNet network "
+                   "(this or --model-file is required)")  # fmt: skip
+    p.add_argument("--weights", default="imagenet",
+                   help="with --model: imagenet or a weights file")  # fmt: skip
     p.add_argument("--top", type=_positive_int, default=5, help="classes listed per image")
     p.add_argument("--image-size", type=_positive_int, help="input side (default: the model's)")
     p.add_argument("--json", action="store_true", help="end with one JSON object")

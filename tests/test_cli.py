@@ -2,11 +2,22 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import shutil
 
 import pytest
 
+from mdtrain.choices import (
+    CACHE_MODES,
+    CLASS_WEIGHTS,
+    LITE0,
+    LOOPS,
+    MODELS,
+    MONITOR_DISPLAYS,
+    STRATEGIES,
+)
+from mdtrain.cli import build_parser
 from tests.conftest import run_mdtrain
 
 TRAIN_FAST = ["--image-size", "32", "--epochs", "2", "--monitor", "none", "--no-augment"]
@@ -32,7 +43,10 @@ def test_data_synth_then_check_json(tmp_path):
     assert proc.returncode == 0, proc.stderr
     report = _last_json(proc.stdout)
     assert report["class_names"] == ["circle", "cross"]
-    assert report["counts"] == {"train": {"circle": 5, "cross": 5}, "val": {"circle": 1, "cross": 1}}
+    assert report["counts"] == {
+        "train": {"circle": 5, "cross": 5},
+        "val": {"circle": 1, "cross": 1},
+    }
     assert report["unreadable"] == []
 
 
@@ -123,7 +137,11 @@ def test_bad_options_fail_fast_in_one_line(args, fragment):
         ({"cats": 3}, [], "at least two"),
         ({"cats": 0, "dogs": 0}, [], "no image files"),
         ({"cats": 2, "dogs": 2}, [], "none of the training images can be decoded"),
-        ("tiny", ["--global-batch-size", "1", "--strategy", "cpu:2"], "smaller than the 2 replicas"),
+        (
+            "tiny",
+            ["--global-batch-size", "1", "--strategy", "cpu:2"],
+            "smaller than the 2 replicas",
+        ),
         ("tiny", ["--global-batch-size", "5", "--strategy", "cpu:2"], "not a multiple"),
         ("tiny-val-mismatch", [], "differ from the training classes"),
     ],
@@ -159,3 +177,67 @@ def test_python_dash_m_and_help():
     assert proc.returncode == 0
     for command in ("data", "train", "bench", "launch"):
         assert command in proc.stdout
+
+
+# Choices that mdtrain.choices checks (one-line errors), not argparse: the help must name them.
+CHECKED_CHOICES = {
+    ("mdtrain train", "--model"): MODELS,
+    ("mdtrain train", "--strategy"): STRATEGIES,
+    ("mdtrain train", "--loop"): LOOPS,
+    ("mdtrain train", "--class-weight"): CLASS_WEIGHTS,
+    ("mdtrain train", "--cache"): CACHE_MODES,
+    ("mdtrain train", "--monitor"): MONITOR_DISPLAYS,
+    ("mdtrain bench train", "--model"): MODELS,
+    ("mdtrain predict", "--model"): (LITE0,),
+}
+
+
+def _commands(parser, prog="mdtrain"):
+    """(command, its parser) for `parser` and every subcommand below it."""
+    yield prog, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            said = {a.dest: a.help for a in action._choices_actions}
+            for name, sub in action.choices.items():
+                assert said.get(name), f"{prog} {name}: no help in {prog} --help"
+                yield from _commands(sub, f"{prog} {name}")
+
+
+def _name(action) -> str:
+    return action.option_strings[0] if action.option_strings else action.dest
+
+
+def _arguments():
+    """A pytest param per argument of every command: (command, parser, action, required)."""
+    for prog, parser in _commands(build_parser()):
+        either = {
+            a for g in parser._mutually_exclusive_groups if g.required for a in g._group_actions
+        }
+        for action in parser._actions:
+            if not isinstance(action, (argparse._HelpAction, argparse._VersionAction,
+                                       argparse._SubParsersAction)):  # fmt: skip
+                required = action.required or action in either
+                yield pytest.param(prog, parser, action, required, id=f"{prog} {_name(action)}")
+
+
+@pytest.mark.parametrize("prog, parser, action, required", list(_arguments()))
+def test_every_argument_says_what_it_takes_and_its_default(prog, parser, action, required):
+    name = _name(action)
+    said = parser._get_formatter()._get_help_string(action) or ""  # "(default: ...)" added
+    assert said.strip(), f"{prog} {name}: no help"
+    choices = action.choices or CHECKED_CHOICES.get((prog, name), ())
+    missing = [c for c in choices if str(c) not in said]
+    assert not missing, f"{prog} {name}: the help does not name {missing}"
+    takes_value = action.option_strings and action.nargs != 0
+    if takes_value and required:
+        assert "required" in said, f"{prog} {name}: the help does not say it is required"
+    elif takes_value:
+        assert "default" in said, f"{prog} {name}: the help does not say its default"
+
+
+def test_the_walk_sees_every_command_and_every_checked_choice():
+    commands = {prog for prog, _ in _commands(build_parser())}
+    assert {"mdtrain data synth", "mdtrain train", "mdtrain bench train", "mdtrain launch",
+            "mdtrain predict"} <= commands  # fmt: skip
+    seen = {(p.values[0], _name(p.values[2])) for p in _arguments()}
+    assert set(CHECKED_CHOICES) <= seen and len(seen) > 50
