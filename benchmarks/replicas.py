@@ -24,8 +24,10 @@ HERE = Path(__file__).resolve().parent
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="interleaved rounds of the comparison (default: 3)")  # fmt: skip
+    parser.add_argument("--epochs", type=int, default=3,
+                        help="epochs per run, the first not timed (default: 3)")  # fmt: skip
     args = parser.parse_args()
     path = HERE / "train.json"
     result = json.loads(path.read_text())

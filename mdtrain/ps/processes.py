@@ -79,9 +79,11 @@ def _chief(argv: list[str]) -> int:
     from mdtrain.train import TrainConfig
 
     extra = argparse.ArgumentParser(add_help=False)
-    extra.add_argument("--log-every", type=int, default=10)
-    extra.add_argument("--mark-after", type=int)
-    extra.add_argument("--mark-file")
+    extra.add_argument("--log-every", type=int, default=10,
+                       help="steps per point of the loss curve (default: 10)")  # fmt: skip
+    extra.add_argument("--mark-after", type=int,
+                       help="fault drill: create --mark-file after this many steps")  # fmt: skip
+    extra.add_argument("--mark-file", help="fault drill: the file to create")
     ours, rest = extra.parse_known_args(argv)
     args = build_parser().parse_args(["train", *rest])
     options = {k: v for k, v in vars(args).items() if k not in ("command", "json")}

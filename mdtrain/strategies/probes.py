@@ -268,10 +268,13 @@ def main(argv: list[str] | None = None) -> int:
     """`python -m mdtrain.strategies NAME [--result FILE] [--smoke]`: one probe."""
     import argparse
 
-    parser = argparse.ArgumentParser(description="run one strategy probe")
-    parser.add_argument("name", choices=[*PROBES, "multiworker-worker"])
+    parser = argparse.ArgumentParser(
+        prog="python -m mdtrain.strategies", description="run one strategy probe"
+    )
+    names = [*PROBES, "multiworker-worker"]
+    parser.add_argument("name", choices=names, help=f"the probe: {', '.join(names)}")
     parser.add_argument("--result", help="write the row here as JSON (default: print it)")
-    parser.add_argument("--smoke", action="store_true")
+    parser.add_argument("--smoke", action="store_true", help="less data, for CI")
     args = parser.parse_args(argv)
     result = Path(args.result) if args.result else Path(tempfile.mkdtemp()) / "row.json"
     _run(args.name, result, args.smoke)
