@@ -10,6 +10,7 @@ first is the classic silent mistake that ruins pretrained accuracy.
 from __future__ import annotations
 
 import os
+import warnings
 
 import keras
 from keras import layers
@@ -103,13 +104,19 @@ def efficientnetv2(
     weights = _resolve_weights(weights)
     constructor = getattr(keras.applications, _EFFICIENTNETS[name])
     try:
-        base = constructor(
-            include_top=False,
-            weights=weights,
-            input_shape=(image_size, image_size, 3),
-            pooling="avg",
-            include_preprocessing=True,  # expects 0–255 input
-        )
+        # A file of another model makes Keras warn once per layer before it raises:
+        # keep the warnings only if the weights load.
+        with warnings.catch_warnings(record=True) as caught:
+            base = constructor(
+                include_top=False,
+                weights=weights,
+                input_shape=(image_size, image_size, 3),
+                pooling="avg",
+                include_preprocessing=True,  # expects 0–255 input
+            )
+        for warning in caught:
+            warnings.warn_explicit(warning.message, warning.category, warning.filename,
+                                   warning.lineno)  # fmt: skip
     except ValueError as e:
         raise UsageError(f"--weights {weights}: cannot be loaded into {name}: {e}") from None
     except Exception as e:  # download failures come as several exception types

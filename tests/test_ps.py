@@ -61,7 +61,7 @@ def test_chief_bad_input_is_one_line_and_exit_2():
     )
 
 
-def _train_args(data, epochs: int) -> list[str]:
+def _train_args(data, epochs: int, learning_rate: float = 0.01) -> list[str]:
     return [
         "--data",
         str(data),
@@ -72,7 +72,7 @@ def _train_args(data, epochs: int) -> list[str]:
         "--epochs",
         str(epochs),
         "--learning-rate",
-        "0.01",
+        str(learning_rate),
         "--monitor",
         "none",
     ]
@@ -105,16 +105,21 @@ def test_cli_launch_ps_trains_and_writes_outputs(tiny_dataset, tmp_path):
         "--log-dir",
         str(tmp_path / "logs"),
         "--",
-        *_train_args(tiny_dataset, 4),
+        *_train_args(tiny_dataset, 8, learning_rate=0.003),
+        "--no-augment",
         "--output",
         str(out),
         "--json",
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert "[chief] parameter-server training: 2 worker(s), 1 ps; 12 steps of 8" in done.stdout
+    assert "[chief] parameter-server training: 2 worker(s), 1 ps; 24 steps of 8" in done.stdout
     report = json.loads((out / "report.json").read_text())
-    assert report["completed"] == report["scheduled"] == 12
+    assert report["completed"] == report["scheduled"] == 24
     summary = json.loads(done.stdout.splitlines()[-2].split("] ", 1)[1])  # the chief's --json
     assert summary["loss"] == report["loss"]
     assert (out / "model.keras").stat().st_size > 0
-    assert report["loss"][-1] < report["loss"][0], report["loss"]  # it learns
+    # It learns: the mean loss of the last block of steps (10, 10, 4) is below the first's.
+    # Workers' metric updates on the ps can interleave and be lost, so the curve is
+    # approximate, and the saved model's moving BatchNorm statistics have moved only
+    # 1 - 0.99**24 = 21% of the way after 24 steps: its predictions cannot show it yet.
+    assert report["loss"][-1] < report["loss"][0], report["loss"]
