@@ -107,9 +107,7 @@ class ExactBatchNormalization(keras.layers.BatchNormalization):
         mean, variance = global_moments(x, getattr(_local, "weights", None))
         momentum = self.momentum
         self.moving_mean.assign(self.moving_mean * momentum + mean * (1.0 - momentum))
-        self.moving_variance.assign(
-            self.moving_variance * momentum + variance * (1.0 - momentum)
-        )
+        self.moving_variance.assign(self.moving_variance * momentum + variance * (1.0 - momentum))
         outputs = ops.batch_normalization(
             x,
             mean,

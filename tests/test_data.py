@@ -172,9 +172,7 @@ def test_a_changed_file_is_checked_again(tiny_dataset, tmp_path, own_cache, monk
     assert "cannot be read" in find_undecodable(files)[0].reason
 
 
-def test_remember_false_decodes_everything_and_writes_nothing(
-    tiny_dataset, own_cache, monkeypatch
-):
+def test_remember_false_decodes_everything_and_writes_nothing(tiny_dataset, own_cache, monkeypatch):
     files = sorted(str(p) for p in (tiny_dataset / "train").rglob("*.jpg"))
     scanned = _counting_scan(monkeypatch)
     find_undecodable(files, remember=False)

@@ -21,7 +21,9 @@ def _name(requirement: str) -> str:
 def test_environment_yml_matches_pyproject_extras():
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     extras = project["optional-dependencies"]
-    wanted = set(project["dependencies"]) | set(extras["cpu"] + extras["notebooks"] + extras["test"])
+    wanted = set(project["dependencies"]) | set(
+        extras["cpu"] + extras["notebooks"] + extras["test"]
+    )
     env = yaml.safe_load((REPO / "environment.yml").read_text())
     pip_section = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict))
     listed = {r for r in pip_section if not r.startswith("-e")}

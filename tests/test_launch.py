@@ -356,7 +356,10 @@ def test_too_few_gpus_is_one_line_and_exit_2(tmp_path):
 
 
 # Parameter-server roles (`launch --ps M`): a small stand-in task, no TensorFlow.
-ROLE_TASK = [sys.executable, "-c", textwrap.dedent("""
+ROLE_TASK = [
+    sys.executable,
+    "-c",
+    textwrap.dedent("""
     import json, os, sys, time
     config = json.loads(os.environ["TF_CONFIG"])
     role, index = config["task"]["type"], config["task"]["index"]
@@ -366,7 +369,8 @@ ROLE_TASK = [sys.executable, "-c", textwrap.dedent("""
     if code is not None:
         sys.exit(int(code))
     time.sleep(float(os.environ.get("ROLE_SLEEP", "600")) if role == "chief" else 600)
-""")]
+"""),
+]
 
 
 def _run_roles(tmp_path, workers=2, ps=1, **env):

@@ -20,9 +20,10 @@ def _digest(root):
 
 
 def test_synthetic_dataset_is_deterministic_with_varied_sizes(tmp_path):
-    a = sources.make_synthetic_dataset(tmp_path / "a", classes=3, per_class=6, image_size=64)
-    b = sources.make_synthetic_dataset(tmp_path / "b", classes=3, per_class=6, image_size=64)
-    c = sources.make_synthetic_dataset(tmp_path / "c", classes=3, per_class=6, image_size=64, seed=9)
+    options = dict(classes=3, per_class=6, image_size=64)
+    a = sources.make_synthetic_dataset(tmp_path / "a", **options)
+    b = sources.make_synthetic_dataset(tmp_path / "b", **options)
+    c = sources.make_synthetic_dataset(tmp_path / "c", **options, seed=9)
     assert _digest(a) == _digest(b) != _digest(c)
     assert sorted(p.name for p in (a / "train").iterdir()) == ["circle", "cross", "square"]
     assert len(list((a / "train" / "cross").glob("*.jpg"))) == 6
@@ -54,7 +55,11 @@ def test_ensure_demo_dataset_creates_once_and_reuses(tmp_path):
 
 @pytest.mark.parametrize(
     "kwargs, message",
-    [({"classes": 1}, "--classes"), ({"per_class": 2}, "--per-class"), ({"image_size": 4}, "--image")],
+    [
+        ({"classes": 1}, "--classes"),
+        ({"per_class": 2}, "--per-class"),
+        ({"image_size": 4}, "--image"),
+    ],
 )
 def test_synthetic_rejects_bad_arguments(tmp_path, kwargs, message):
     with pytest.raises(UsageError, match=message):
