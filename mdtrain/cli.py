@@ -86,14 +86,14 @@ def _add_train(sub) -> None:
     t.add_argument("--weights", default="none",
                    help="imagenet, none, or a weights file (EfficientNet models only)")  # fmt: skip
     t.add_argument("--image-size", type=int, help="side of the square input "
-                   "(default: 64 for small-cnn, 224 otherwise)")  # fmt: skip
+                   "(default: 32 for small-cnn, 224 otherwise)")  # fmt: skip
     b = t.add_mutually_exclusive_group()
     b.add_argument("--batch-size-per-replica", type=int,
                    help="examples per replica per step (default: 32 per replica)")  # fmt: skip
     b.add_argument("--global-batch-size", type=int,
                    help="examples per step over all replicas, a multiple of the replicas "
                    "(default: 32 per replica x the replicas)")  # fmt: skip
-    t.add_argument("--epochs", type=int, default=20, help="training epochs")
+    t.add_argument("--epochs", type=int, default=15, help="training epochs")
     t.add_argument("--fine-tune-epochs", type=int, default=0,
                    help="then epochs of fine-tuning the top of a pretrained base")  # fmt: skip
     t.add_argument("--learning-rate", type=float, default=2e-3,

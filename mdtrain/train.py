@@ -24,7 +24,7 @@ class TrainConfig:
 
     `data=None` trains on the demo dataset (created on first use). Either
     `batch_size_per_replica` or `global_batch_size` may be set (neither: 32 per
-    replica). `image_size=None` picks 64 for `small-cnn` and 224 for
+    replica). `image_size=None` picks 32 for `small-cnn` and 224 for
     EfficientNetV2.
     """
 
@@ -36,7 +36,7 @@ class TrainConfig:
     image_size: int | None = None
     batch_size_per_replica: int | None = None
     global_batch_size: int | None = None
-    epochs: int = 20
+    epochs: int = 15
     fine_tune_epochs: int = 0
     learning_rate: float = 2e-3
     strategy: str = "auto"
@@ -113,7 +113,7 @@ class TrainConfig:
 
     @property
     def resolved_image_size(self) -> int:
-        return self.image_size or (64 if self.model == "small-cnn" else 224)
+        return self.image_size or (32 if self.model == "small-cnn" else 224)
 
 
 @dataclass

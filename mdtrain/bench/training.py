@@ -128,8 +128,8 @@ def train_benchmark(
     TensorFlow starts), times `steps` training steps of `model` on one
     replica fed by `InputData` (decode, augment, first epoch), then fed one
     batch held in memory, then the same global batch on two virtual CPU
-    replicas (`cpu:2`, MirroredStrategy). Then the README's main job
-    (small-cnn, 64 px, global batch 64) in fresh processes, `repeats` rounds
+    replicas (`cpu:2`, MirroredStrategy). Then the README's main job's
+    model (small-cnn, at 64 px, global batch 64) in fresh processes, `repeats` rounds
     interleaved: plain Keras `fit` without a strategy, `mdtrain train` and
     `mdtrain train --strategy one` (`mdtrain.bench.replicas`).
 
