@@ -9,6 +9,7 @@ that need it, after the options have been checked.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -71,7 +72,8 @@ def _add_data(sub) -> None:
 
 
 def _add_train(sub) -> None:
-    from mdtrain.choices import CLASS_WEIGHTS, LOOPS, MODELS, STRATEGIES
+    from mdtrain.choices import CLASS_WEIGHTS, LITE0, LOOPS, MODELS, STRATEGIES
+    from mdtrain.train import TrainConfig  # no TensorFlow at import
 
     t = sub.add_parser("train", help="train an image classifier under a distribution strategy")
     t.add_argument("--data", help="dataset folder with one sub-folder per class (default: the "
@@ -79,49 +81,58 @@ def _add_train(sub) -> None:
     g = t.add_mutually_exclusive_group()
     g.add_argument("--val-data", help="validation folder with the same class folders (default: "
                    "val/ beside train/ in --data, else --validation-split)")  # fmt: skip
-    g.add_argument("--validation-split", type=float, default=0.0,
-                   help="share of --data held out for validation, in [0, 1) (default: 0, "
-                   "none: use val/ or --val-data)")  # fmt: skip
-    t.add_argument("--model", default="small-cnn", help=f"the classifier: {', '.join(MODELS)}")
-    t.add_argument("--weights", default="none",
+    g.add_argument("--validation-split", type=float,
+                   help="share of --data held out for validation, in [0, 1); 0: none, use val/ or "
+                   "--val-data")  # fmt: skip
+    t.add_argument("--model", help=f"the classifier: {', '.join(MODELS)}")
+    t.add_argument("--weights",
                    help="imagenet, none, or a weights file (EfficientNet models only)")  # fmt: skip
-    t.add_argument("--image-size", type=int, help="side of the square input "
-                   "(default: 32 for small-cnn, 224 otherwise)")  # fmt: skip
+    sizes = {name: TrainConfig(model=name).resolved_image_size for name in ("small-cnn", LITE0)}
+    t.add_argument("--image-size", type=int, help="side of the square input (default: "
+                   f"{sizes['small-cnn']} for small-cnn, {sizes[LITE0]} otherwise)")  # fmt: skip
     b = t.add_mutually_exclusive_group()
     b.add_argument("--batch-size-per-replica", type=int,
                    help="examples per replica per step (default: 32 per replica)")  # fmt: skip
     b.add_argument("--global-batch-size", type=int,
                    help="examples per step over all replicas, a multiple of the replicas "
                    "(default: 32 per replica x the replicas)")  # fmt: skip
-    t.add_argument("--epochs", type=int, default=15, help="training epochs")
-    t.add_argument("--fine-tune-epochs", type=int, default=0,
+    t.add_argument("--epochs", type=int, help="training epochs")
+    t.add_argument("--fine-tune-epochs", type=int,
                    help="then epochs of fine-tuning the top of a pretrained base")  # fmt: skip
-    t.add_argument("--learning-rate", type=float, default=2e-3,
+    t.add_argument("--learning-rate", type=float,
                    help="peak learning rate (cosine decay to a tenth)")  # fmt: skip
-    t.add_argument("--strategy", default="auto",
+    t.add_argument("--strategy",
                    help=f"{', '.join(STRATEGIES)} (N virtual CPU replicas)")  # fmt: skip
-    t.add_argument("--loop", default="fit",
+    t.add_argument("--loop",
                    help=f"{' or '.join(LOOPS)}: model.fit, or the custom strategy.run loop "
                    "(same weights)")  # fmt: skip
     t.add_argument("--mixed-precision", action="store_true",
                    help="float16 on GPUs (loss-scaled), bfloat16 elsewhere")  # fmt: skip
     t.add_argument("--no-augment", dest="augment", action="store_false", help="train without "
                    "random flips, rotations, zooms and colour changes")  # fmt: skip
-    t.add_argument("--dropout", type=float, default=0.2, help="dropout before the last layer")
-    t.add_argument("--class-weight", default="none", help=f"{' or '.join(CLASS_WEIGHTS)}: "
+    t.add_argument("--dropout", type=float, help="dropout before the last layer")
+    t.add_argument("--class-weight", help=f"{' or '.join(CLASS_WEIGHTS)}: "
                    "auto weighs the loss to balance classes")  # fmt: skip
-    t.add_argument("--seed", type=int, default=0,
+    t.add_argument("--seed", type=int,
                    help="seed of weights, shuffling and augmentation")  # fmt: skip
     t.add_argument("--deterministic", action="store_true",
                    help="bit-reproducible runs (slower)")  # fmt: skip
     _add_train_keeping(t)
+    _use_train_config_defaults(t)
+
+
+def _use_train_config_defaults(t) -> None:
+    """`TrainConfig` holds each training default once: the options use and show its values."""
+    from mdtrain.train import TrainConfig  # no TensorFlow at import
+
+    t.set_defaults(**{f.name: f.default for f in dataclasses.fields(TrainConfig)})
 
 
 def _add_train_keeping(t) -> None:
     """Where `train` keeps decoded images, backups and results, and what it shows."""
     from mdtrain.choices import CACHE_MODES, MONITOR_DISPLAYS
 
-    t.add_argument("--cache", default="auto",
+    t.add_argument("--cache",
                    help=f"{', '.join(CACHE_MODES)}: where decoded images are kept; auto keeps "
                    "them in memory when they fit, else on disk with --cache-dir, else "
                    "streams them")  # fmt: skip
@@ -134,7 +145,7 @@ def _add_train_keeping(t) -> None:
                    "default: at the end of each epoch only)")  # fmt: skip
     t.add_argument("--output", help="new folder for model.keras, history.json, report.json "
                    "(default: nothing written)")  # fmt: skip
-    t.add_argument("--monitor", default="auto",
+    t.add_argument("--monitor",
                    help=f"{', '.join(MONITOR_DISPLAYS)}: auto is a live dashboard in notebooks, "
                    "a text line per epoch elsewhere")  # fmt: skip
     t.add_argument("--json", action="store_true", help="end with one JSON summary line")
