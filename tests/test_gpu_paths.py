@@ -151,7 +151,10 @@ def test_the_auto_policy_trains_a_step(kinds):
         model.compile(optimizer=optimizer, loss="mse")
         x = np.random.default_rng(0).normal(size=(8, 4)).astype("float32")
         before = [w.copy() for w in model.get_weights()]
-        loss = model.train_on_batch(x, np.zeros((8, 2), "float32"))
+        # Dynamic loss scaling starts at 2**15 and skips a step whose float16
+        # gradients overflow, halving the scale; a few steps always get through.
+        for _ in range(8):
+            loss = model.train_on_batch(x, np.zeros((8, 2), "float32"))
     finally:
         keras.mixed_precision.set_dtype_policy(previous)
     compute = "float16" if policy == "mixed_float16" else "bfloat16"
@@ -203,9 +206,15 @@ def fake_pynvml(names=("Tesla T4", "Tesla T4"), no_power=(), init_error=None, ca
     module.nvmlDeviceGetUUID = lambda h: uuids[h]
     module.nvmlDeviceGetName = lambda h: names[h].encode()  # old releases return bytes
     module.nvmlDeviceGetUtilizationRates = lambda h: types.SimpleNamespace(gpu=40 + h, memory=5)
-    module.nvmlDeviceGetMemoryInfo = lambda h: types.SimpleNamespace(
-        used=(1 + h) * 2**30, total=15 * 2**30, free=(14 - h) * 2**30
-    )
+    module.nvmlMemory_v2 = 0x2000028
+
+    def memory(handle, version=None):
+        # Like a real driver: the first query counts its 0.5 GiB reserve as used.
+        reserved = 0 if version is not None else 2**29
+        used = (1 + handle) * 2**30 + reserved
+        return types.SimpleNamespace(used=used, total=15 * 2**30, free=15 * 2**30 - used)
+
+    module.nvmlDeviceGetMemoryInfo = memory
     module.nvmlDeviceGetPowerUsage = power
     module.nvmlDeviceGetTemperature = lambda h, sensor: 60 + h if sensor == 0 else None
     return module
@@ -231,6 +240,20 @@ def test_reader_reads_every_gpu_in_watts_and_bytes(nvml):
     gpu0, gpu1 = reader.read()
     assert (gpu0.kind, gpu0.utilization, gpu0.power_w, gpu0.temperature_c) == ("gpu", 40, 27.5, 60)
     assert (gpu1.memory_used, gpu1.memory_total) == (2 * 2**30, 15 * 2**30)
+    reader.close()
+
+
+def test_memory_used_leaves_out_the_drivers_reserve_as_nvidia_smi_does(nvml):
+    nvml()
+    reader = NvmlReader()
+    assert [gpu.memory_used for gpu in reader.read()] == [2**30, 2 * 2**30]
+    reader.close()
+
+
+def test_an_nvml_release_without_the_second_memory_query_still_reports_memory(nvml):
+    del nvml().nvmlMemory_v2
+    reader = NvmlReader()
+    assert reader.read()[0].memory_used == 2**30 + 2**29
     reader.close()
 
 

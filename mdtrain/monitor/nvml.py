@@ -85,7 +85,7 @@ class NvmlReader:
         out = []
         for name, handle in self._handles:
             util = _try(lambda h=handle: float(nv.nvmlDeviceGetUtilizationRates(h).gpu))
-            mem = _try(lambda h=handle: nv.nvmlDeviceGetMemoryInfo(h))
+            mem = _memory(nv, handle)
             power = _try(lambda h=handle: nv.nvmlDeviceGetPowerUsage(h) / 1000.0)
             temp = _try(
                 lambda h=handle: float(nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU))
@@ -109,6 +109,22 @@ class NvmlReader:
             _try(self._nvml.nvmlShutdown)
             self._nvml = None
             self._handles = []
+
+
+def _memory(nv, handle):
+    """Memory in use as `nvidia-smi` reports it: without the driver's reserve.
+
+    NVML's first memory query counts the driver's reserved memory as used
+    (480 MiB more than `nvidia-smi` on an idle H100, see
+    `benchmarks/nvml.json`); the version-2 query reports it apart. Drivers
+    older than R510 have only the first.
+    """
+    version = getattr(nv, "nvmlMemory_v2", None)
+    if version is not None:
+        info = _try(lambda: nv.nvmlDeviceGetMemoryInfo(handle, version=version))
+        if info is not None:
+            return info
+    return _try(lambda: nv.nvmlDeviceGetMemoryInfo(handle))
 
 
 def _text(value: str | bytes) -> str:
