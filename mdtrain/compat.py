@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import keras
 import tensorflow as tf
+from tensorflow.python.data.ops import multi_device_iterator_ops
 
 TESTED_KERAS = ((3, 15), (3, 15))  # oldest and newest minor releases tested (pyproject's extras)
 
@@ -18,6 +19,7 @@ _NEEDED = (
     (keras.Model, "_maybe_symbolic_build"),
     (keras.Model, "_symbolic_build"),
     (tf.distribute.MirroredStrategy, "_collective_key_base"),
+    (multi_device_iterator_ops, "_create_device_dataset"),
 )
 
 
@@ -64,4 +66,45 @@ def fresh_collective_keys() -> None:
     tf.distribute.MirroredStrategy._collective_key_base += 100_000
 
 
+def without_autotuning(ds: tf.data.Dataset) -> tf.data.Dataset:
+    """`ds` with tf.data's autotuning model off, so deleting its iterator never stalls.
+
+    An autotuning iterator runs a model thread that sleeps between
+    optimisation rounds, for up to 60 s once a run is a minute old. Deleting
+    the iterator wakes that thread through its cancellation callback, but
+    TensorFlow runs cancellation callbacks before it marks the manager
+    cancelled (tsl `CancellationManager::StartCancelWithStatus`), so the woken
+    thread can find "not cancelled" and sleep out the rest of its period
+    (`tensorflow::data::model::Model::OptimizeLoop`) while the deleting
+    thread waits for it: `mdtrain train` sat idle 30-90 s after its last
+    epoch in 2 runs of 3 (gdb: three `OptimizeLoop` threads in a timed wait,
+    the main thread in `RootDataset::Iterator::~Iterator`). Not reported
+    upstream yet (no issue found, November 2026). Without the model,
+    `AUTOTUNE` parallelism is the core count and prefetch buffers keep their
+    own (legacy) autotuning, which is what a CPU or GPU input pipeline needs.
+    """
+    options = tf.data.Options()
+    options.autotune.enabled = False
+    return ds.with_options(options)
+
+
+def _per_device_datasets_without_autotuning() -> None:
+    """Applies `without_autotuning` to the datasets `MirroredStrategy` makes per device.
+
+    `MultiDeviceIterator` builds one small dataset per device (a generator and
+    a one-element prefetch, nothing to tune) whose options do not come from
+    the user's dataset, so an input pipeline's own options cannot reach them.
+    """
+    make = multi_device_iterator_ops._create_device_dataset
+    if getattr(make, "mdtrain_without_autotuning", False):
+        return
+
+    def create_device_dataset(*args, **kwargs):
+        return without_autotuning(make(*args, **kwargs))
+
+    create_device_dataset.mdtrain_without_autotuning = True
+    multi_device_iterator_ops._create_device_dataset = create_device_dataset
+
+
 check()
+_per_device_datasets_without_autotuning()

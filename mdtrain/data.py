@@ -260,6 +260,8 @@ def _scan(files: list[str]) -> dict[str, str | None]:
         return {}
     import tensorflow as tf
 
+    from mdtrain.compat import without_autotuning
+
     def check(i, path):
         contents = tf.io.read_file(path)
         is_jpeg = tf.equal(tf.strings.substr(contents, 0, 3), b"\xff\xd8\xff")
@@ -272,7 +274,7 @@ def _scan(files: list[str]) -> dict[str, str | None]:
 
     ds = tf.data.Dataset.from_tensor_slices((tf.range(len(files)), files))
     ds = ds.map(check, num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)
-    ds = ds.ignore_errors().batch(4096)
+    ds = without_autotuning(ds.ignore_errors().batch(4096))
     decoded = {int(i) for batch, _ in ds for i in batch.numpy()}
     return {f: None if i in decoded else _decode_error(f) for i, f in enumerate(files)}
 

@@ -28,7 +28,7 @@ import tensorflow as tf
 
 from mdtrain.choices import CPU_STRATEGY as _CPU
 from mdtrain.choices import STRATEGIES, check_batch_sizes, check_strategy_name
-from mdtrain.compat import fresh_collective_keys
+from mdtrain.compat import fresh_collective_keys, without_autotuning
 from mdtrain.errors import UsageError, bad_value
 
 __all__ = ["STRATEGIES", "check_strategy_name"]  # re-exported for convenience
@@ -270,15 +270,17 @@ def split_batch(batch_size: int, num_replicas: int) -> list[int]:
 
 
 def shard_by_batch(dataset: tf.data.Dataset) -> tf.data.Dataset:
-    """`dataset` with the DATA auto-shard policy: each worker keeps its slice of every batch.
+    """`dataset` as training reads it: the DATA auto-shard policy, no autotuning model.
 
     Every worker builds the same globally batched stream, so the global
     batches are exactly those of one machine (sharding by file would need at
-    least as many files as workers, and would change the batches).
+    least as many files as workers, and would change the batches). The
+    autotuning model is off so that deleting the iterator at the end of `fit`
+    cannot stall (`mdtrain.compat.without_autotuning`).
     """
     options = tf.data.Options()
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
-    return dataset.with_options(options)
+    return without_autotuning(dataset.with_options(options))
 
 
 @dataclass

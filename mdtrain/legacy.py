@@ -32,6 +32,7 @@ import numpy as np
 import tensorflow as tf
 
 from mdtrain.augment import AugmentPolicy
+from mdtrain.distribute import shard_by_batch
 
 
 def flow_from_directory(
@@ -78,12 +79,6 @@ def flow_from_directory(
     )
 
 
-def _data_sharded(ds: tf.data.Dataset) -> tf.data.Dataset:
-    options = tf.data.Options()
-    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
-    return ds.with_options(options)
-
-
 def as_tf_dataset(iterator) -> tf.data.Dataset:
     """Wraps a generator iterator as an endless `tf.data.Dataset` for a strategy.
 
@@ -114,7 +109,7 @@ def as_tf_dataset(iterator) -> tf.data.Dataset:
             tf.TensorSpec([None], tf.int32),
         ),
     )
-    return _data_sharded(ds)
+    return shard_by_batch(ds)
 
 
 @dataclass
@@ -132,7 +127,7 @@ class Preprocessed:
     def dataset(self, global_batch_size: int) -> tf.data.Dataset:
         """The arrays as batches by the global batch size, auto-shard policy DATA."""
         ds = tf.data.Dataset.from_tensor_slices((self.images, self.labels))
-        return _data_sharded(ds.batch(global_batch_size).prefetch(tf.data.AUTOTUNE))
+        return shard_by_batch(ds.batch(global_batch_size).prefetch(tf.data.AUTOTUNE))
 
 
 def preprocess_up_front(iterator) -> Preprocessed:

@@ -47,6 +47,7 @@ import tensorflow as tf
 
 from mdtrain.augment import AugmentPolicy, augment_batch
 from mdtrain.data import ImageList, SkippedFile, Splits, cache_folder
+from mdtrain.distribute import shard_by_batch
 from mdtrain.errors import UsageError
 from mdtrain.images import decode_image
 
@@ -92,8 +93,7 @@ def load_image(path: tf.Tensor, image_size: int) -> tf.Tensor:
 def _set_options(ds: tf.data.Dataset, deterministic: bool) -> tf.data.Dataset:
     options = tf.data.Options()
     options.deterministic = deterministic
-    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
-    return ds.with_options(options)
+    return shard_by_batch(ds.with_options(options))
 
 
 def decoded_images(

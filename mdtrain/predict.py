@@ -226,8 +226,9 @@ def _probabilities(net, files: list[str], size: int, batch_size: int):
     """The model's class probabilities of each file, decoded and resized as in training."""
     import tensorflow as tf
 
+    from mdtrain.compat import without_autotuning
     from mdtrain.pipeline import load_image
 
     ds = tf.data.Dataset.from_tensor_slices(files)
     ds = ds.map(lambda p: load_image(p, size), num_parallel_calls=tf.data.AUTOTUNE)
-    return net.predict(ds.batch(batch_size), verbose=0)
+    return net.predict(without_autotuning(ds.batch(batch_size)), verbose=0)

@@ -96,3 +96,19 @@ def test_backups_find_the_dropout_random_state():
     net = build_model("small-cnn", 3, 16, dropout=0.5)
     state = _rng_state(net)
     assert len(state) == 1 and "seed" in state[0].path
+
+
+def test_mirrored_strategys_per_device_datasets_run_without_the_autotuning_model():
+    """The datasets `MultiDeviceIterator` makes per replica get mdtrain's workaround too.
+
+    Their options cannot come from the input pipeline, so `mdtrain.compat` patches
+    where TensorFlow makes them; this reads them back through TensorFlow internals and
+    fails if those move.
+    """
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    iterator = iter(strategy.experimental_distribute_dataset(tf.data.Dataset.range(8).batch(4)))
+    first = strategy.experimental_local_results(next(iterator))
+    assert [t.numpy().tolist() for t in first] == [[0, 1], [2, 3]]
+    per_device = iterator._iterators[0]._iterator._device_iterators
+    assert len(per_device) == 2
+    assert all(d._dataset.options().autotune.enabled is False for d in per_device)

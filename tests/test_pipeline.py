@@ -158,3 +158,10 @@ def test_decoded_images_in_file_order(splits):
     ds = decoded_images(splits.val, SIZE)
     labels = [int(y) for _, y in ds]
     assert labels == list(splits.val.labels)
+
+
+def test_training_and_validation_datasets_run_without_the_autotuning_model(splits):
+    """Deleting an autotuning iterator can stall up to 60 s (mdtrain.compat.without_autotuning)."""
+    data = _inputs(splits)
+    for ds in (data.train_epochs(0, 2), data.val_ds):
+        assert ds.options().autotune.enabled is False
