@@ -27,6 +27,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -172,11 +173,19 @@ def _sigterm_raises() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+# TensorFlow's C++ runtime logs in glog's format ("E0000 00:00:1795393443.609882  30925
+# base_collective_executor.cc:252] ..."), and gRPC continues some of its errors on a line
+# of their own. A task that loses a peer (a crash drill, the chief exiting first) prints a
+# dozen of them; they go to the task's log file, not to the job's stream.
+_RUNTIME_LOG = re.compile(r"[IWEF]\d{4} \d\d:\d\d:\d+\.\d+ +\d+ [\w.-]+:\d+\]|:UNKNOWN:")
+
+
 class _Tasks:
     """Processes started together, each in its own process group with its own log file.
 
     One pump thread per task copies its output to the log and, prefixed with the
-    task's label, to the job's stream; `last_output` is when any task last printed.
+    task's label and without TensorFlow's runtime log lines, to the job's stream;
+    `last_output` is when any task last printed.
     """
 
     def __init__(self, job: _Job):
@@ -223,7 +232,8 @@ class _Tasks:
                 line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
                 log.write(line + "\n")
                 log.flush()
-                self.job.write(label, line)
+                if not _RUNTIME_LOG.match(line):
+                    self.job.write(label, line)
             proc.stdout.close()
 
     def join(self) -> None:

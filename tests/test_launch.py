@@ -157,6 +157,15 @@ def test_streams_prefixed_lines_writes_logs_and_tf_config(tmp_path):
     assert log.count("=== attempt 1") == 2 and log.count("index=0") == 2
 
 
+def test_tensorflows_runtime_log_lines_go_to_the_log_file_only(tmp_path):
+    code, out = _run(2, tmp_path)
+    assert code == 0
+    assert "StartAbort" not in out and "Error received from peer" not in out
+    assert "[worker 1] worker 1 done" in out  # the worker's own lines still show
+    log = (tmp_path / "logs" / "worker-1.log").read_text()
+    assert "StartAbort" in log and "Error received from peer" in log
+
+
 def test_default_log_dir_is_fresh_temp_dir(tmp_path):
     code, out = run_workers(FAKE, 1, stream=(s := io.StringIO())), None
     out = s.getvalue()
