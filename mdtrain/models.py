@@ -127,6 +127,16 @@ def efficientnetv2(
         ) from None
     base.name = BASE_NAME
     base.trainable = False
+    # Keras 3 passes the outer model's `training` to every nested layer, over the
+    # `training=False` below (keras/src/models/functional.py, `operation_fn`), so in
+    # `fit` the base's stochastic-depth Dropout layers (`survival_probability`) drop
+    # residual branches at random, each replica its own: features differ by ~30 %
+    # call to call and no two runs train alike. Rate 0 makes them the identity, as
+    # inference mode means. (Its BatchNormalization is safe: a frozen one always
+    # runs in inference mode.)
+    for layer in base.layers:
+        if isinstance(layer, layers.Dropout):
+            layer.rate = 0.0
     inputs = keras.Input((image_size, image_size, 3), name="image")
     # training=False keeps BatchNormalization in inference mode even after the
     # base is unfrozen for fine-tuning: updating its statistics on a small

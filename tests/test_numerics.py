@@ -1,8 +1,9 @@
 """N replicas train to the same weights as 1 replica; Keras' own scaling does not.
 
-The exact runs train small-cnn (batch normalization included) and fine-tune
-EfficientNet-Lite0; the baselines (Keras' own loss scaling, the naive global-batch
-division) train a CNN without normalization, so that only the loss scale
+The exact runs train small-cnn (batch normalization included), fine-tune
+EfficientNet-Lite0 and train EfficientNetV2's head on its frozen, random base;
+the baselines (Keras' own loss scaling, the naive global-batch division) train
+a CNN without normalization, so that only the loss scale
 differs. Every distributed case runs in ONE subprocess (`_SCRIPT`, with
 `cpu:4`) that prints its measurements as JSON; the tests below assert on
 them. Tiny images, one or two epochs: the point is the arithmetic.
@@ -62,6 +63,9 @@ _SCRIPT = textwrap.dedent(
     lite = nm.fixed_dataset(23, 8, image_size=32)
     runs("lite0-fine-tune", lite, [(2, "exact", "fit")], epochs=1, model="efficientnet-lite0",
          weights="imagenet", fine_tune=True, learning_rate=0.01)
+    # EfficientNetV2 from random weights: only its head trains, on a frozen base.
+    runs("v2-scratch", lite, [(2, "exact", "fit")], epochs=1, model="efficientnetv2-b0",
+         learning_rate=0.01)
     # The common rules, on a model without normalization: only the loss scale differs.
     runs("partial-baseline", nm.fixed_dataset(31, 16), [
         (4, "keras_fit", "fit"), (4, "naive_global_batch", "custom"),
@@ -125,6 +129,32 @@ def test_fine_tuning_a_pretrained_efficientnet_is_exact(measured):
     difference, error = _run(measured, "lite0-fine-tune 2 exact fit")
     assert error is None, error
     assert difference < EXACT
+
+
+@pytest.mark.slow
+def test_efficientnetv2_from_scratch_is_exact(measured):
+    difference, error = _run(measured, "v2-scratch 2 exact fit")
+    assert error is None, error
+    assert difference < EXACT
+
+
+def test_efficientnetv2_frozen_base_is_deterministic_in_training():
+    """The outer `training=True` reaches the frozen base; its stochastic depth must be off.
+
+    Keras 3 overrides the base's `training=False` with the outer model's flag:
+    with its Dropout layers active, features changed by ~30 % from call to call,
+    so no two runs (and no N replicas and 1) trained the same head.
+    """
+    import keras
+
+    from mdtrain.models import build_model
+
+    net = build_model("efficientnetv2-b0", 3, 32, weights="none", dropout=0.0)
+    features = keras.Model(net.input, net.get_layer("head_dense").input)
+    images = np.random.default_rng(0).integers(0, 256, (4, 32, 32, 3)).astype("float32")
+    expected = np.asarray(features(images, training=False))
+    for _ in range(2):
+        np.testing.assert_array_equal(np.asarray(features(images, training=True)), expected)
 
 
 @pytest.mark.slow
