@@ -245,10 +245,12 @@ def imagenet_classifier(image_size: int | None = 224, weights: str | None = "ima
     import keras
     from keras import layers
 
+    from mdtrain.models import probabilities_dtype
+
     inputs = keras.Input((image_size, image_size, 3), name="image")
     x = lite0_base(image_size)(inputs)
     x = layers.Dense(NUM_IMAGENET_CLASSES, name="imagenet_dense")(x)
-    outputs = layers.Activation("softmax", dtype="float32", name="probabilities")(x)
+    outputs = layers.Activation("softmax", dtype=probabilities_dtype(), name="probabilities")(x)
     model = keras.Model(inputs, outputs, name="efficientnet_lite0_imagenet")
     if weights == "imagenet":
         _load_cached_imagenet_weights(model)

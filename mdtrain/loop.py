@@ -61,7 +61,8 @@ def replica_loss(per_example_loss: tf.Tensor, local_count=None, *, global_count=
         if local_count is None:
             local_count = tf.shape(per_example_loss)[0]
         global_count = global_example_count(local_count)
-    return tf.reduce_sum(per_example_loss) / tf.maximum(global_count, 1.0)
+    count = tf.cast(tf.maximum(global_count, 1.0), per_example_loss.dtype)  # exact: an integer
+    return tf.reduce_sum(per_example_loss) / count
 
 
 def pad_empty_slice(images: tf.Tensor, labels: tf.Tensor):
@@ -203,7 +204,8 @@ class ExactTrainer(BuildWithoutSampleBatch, keras.Model):
     def _example_losses(self, labels, probabilities, weighted: bool):
         losses = self.per_example_loss(labels, probabilities)
         if weighted and self.class_weights is not None:
-            losses = losses * tf.gather(self.class_weights, tf.cast(labels, tf.int32))
+            weights = tf.gather(self.class_weights, tf.cast(labels, tf.int32))
+            losses = losses * tf.cast(weights, losses.dtype)
         return losses
 
     def _update_metrics(self, labels, probabilities, losses, weights) -> dict:
@@ -218,7 +220,7 @@ class ExactTrainer(BuildWithoutSampleBatch, keras.Model):
         with tf.GradientTape() as tape, example_weights(weights):
             probabilities = self.net(images, training=True)
             losses = self._example_losses(labels, probabilities, weighted=True)
-            loss = replica_loss(losses * weights, global_count=global_count)
+            loss = replica_loss(losses * tf.cast(weights, losses.dtype), global_count=global_count)
             # Identity unless mixed float16 wrapped the optimizer in a
             # LossScaleOptimizer, which then unscales in apply().
             scaled = self.optimizer.scale_loss(loss)

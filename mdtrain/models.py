@@ -28,8 +28,17 @@ def classification_head(x, num_classes: int, dropout: float):
     if dropout:
         x = layers.Dropout(dropout, name="head_dropout")(x)
     x = layers.Dense(num_classes, name="head_dense")(x)
-    # float32 softmax: under mixed precision float16 probabilities lose the small ones
-    return layers.Activation("softmax", dtype="float32", name="probabilities")(x)
+    return layers.Activation("softmax", dtype=probabilities_dtype(), name="probabilities")(x)
+
+
+def probabilities_dtype() -> str:
+    """The softmax's dtype: float32 at least (float16 loses small probabilities), else float64.
+
+    Returns:
+        `"float64"` under a float64 dtype policy (`numerics.train_weights(dtype=...)`),
+        otherwise `"float32"`.
+    """
+    return "float64" if keras.config.dtype_policy().compute_dtype == "float64" else "float32"
 
 
 def small_cnn(image_size: int, num_classes: int, dropout: float = 0.2) -> keras.Model:

@@ -66,7 +66,8 @@ def global_moments(x: tf.Tensor, weights: tf.Tensor | None = None):
     if weights is None:
         weights = tf.ones(tf.shape(x)[:1], x.dtype)
     per_example = tf.cast(tf.reduce_prod(tf.shape(x)[1:-1]), x.dtype)
-    w = tf.reshape(tf.cast(weights, x.dtype), [-1] + [1] * (len(x.shape) - 1))
+    weights = tf.cast(weights, x.dtype)
+    w = tf.reshape(weights, [-1] + [1] * (len(x.shape) - 1))
     local = [tf.reduce_sum(weights) * per_example, tf.reduce_sum(x * w, axes)]
     count, total = _all_reduce_sum(local)
     count = tf.maximum(count, 1.0)
@@ -103,7 +104,9 @@ class ExactBatchNormalization(keras.layers.BatchNormalization):
             raise ValueError("ExactBatchNormalization does not support masks")
         if not (training and self.trainable) or self.axis not in (-1, len(inputs.shape) - 1):
             return super().call(inputs, training=training)
-        x = ops.cast(inputs, "float32")
+        # Statistics in float32 at least (float16 would lose them), float64 in float64.
+        dtype = "float64" if self.compute_dtype == "float64" else "float32"
+        x = ops.cast(inputs, dtype)
         mean, variance = global_moments(x, getattr(_local, "weights", None))
         momentum = self.momentum
         self.moving_mean.assign(self.moving_mean * momentum + mean * (1.0 - momentum))
@@ -113,8 +116,8 @@ class ExactBatchNormalization(keras.layers.BatchNormalization):
             mean,
             variance,
             axis=-1,
-            offset=ops.cast(self.beta, "float32") if self.center else None,
-            scale=ops.cast(self.gamma, "float32") if self.scale else None,
+            offset=ops.cast(self.beta, dtype) if self.center else None,
+            scale=ops.cast(self.gamma, dtype) if self.scale else None,
             epsilon=self.epsilon,
         )
         return ops.cast(outputs, self.compute_dtype)

@@ -140,6 +140,7 @@ def train_weights(
     weights: str = "none",
     fine_tune: bool = False,
     per_replica_batch_norm: bool = False,
+    dtype: str = "float32",
 ) -> list[np.ndarray]:
     """Trains a fresh small model on `dataset` and returns its final weights.
 
@@ -171,6 +172,12 @@ def train_weights(
         per_replica_batch_norm: use Keras' `BatchNormalization` (statistics
             of each replica's slice) instead of mdtrain's exact layer, to see
             what it changes. Defaults to False.
+        dtype: `"float32"` or `"float64"`, the Keras dtype policy the model is
+            built and trained under. In float32 a deep network trained from
+            scratch amplifies rounding: a ReLU6 input of 1e-8 lands on either
+            side of the kink depending on summation order, even on one device
+            with a batch's examples reordered; float64 shows the rule itself.
+            Defaults to `"float32"`.
 
     Returns:
         All the model's weights (trainable, and batch-norm statistics if any), as numpy.
@@ -183,17 +190,26 @@ def train_weights(
         raise ValueError(f"loss must be one of {LOSSES} and loop one of {LOOPS}")
     image_size, steps, _ = _dataset_shape(dataset)
     global_batch_size = global_batch_size or int(next(iter(dataset))[1].shape[0])
-    with strategy.scope():
-        net = _build_net(
-            model, image_size, num_classes, seed, weights=weights, fine_tune=fine_tune,
-            per_replica_batch_norm=per_replica_batch_norm,
-        )  # fmt: skip
-    if loss == "naive_global_batch":
-        _naive_fit(net, strategy, dataset, epochs, learning_rate, global_batch_size, class_weights)
-    elif loss == "keras_fit":
-        _keras_fit(net, strategy, dataset, epochs, learning_rate, class_weights)
-    else:
-        _exact_fit(net, strategy, dataset, epochs, learning_rate, class_weights, loop, steps)
+    previous = keras.config.floatx(), keras.config.dtype_policy()
+    keras.config.set_floatx(dtype)  # losses and metrics compute in floatx
+    keras.config.set_dtype_policy(dtype)
+    try:
+        with strategy.scope():
+            net = _build_net(
+                model, image_size, num_classes, seed, weights=weights, fine_tune=fine_tune,
+                per_replica_batch_norm=per_replica_batch_norm,
+            )  # fmt: skip
+        if loss == "naive_global_batch":
+            _naive_fit(
+                net, strategy, dataset, epochs, learning_rate, global_batch_size, class_weights
+            )
+        elif loss == "keras_fit":
+            _keras_fit(net, strategy, dataset, epochs, learning_rate, class_weights)
+        else:
+            _exact_fit(net, strategy, dataset, epochs, learning_rate, class_weights, loop, steps)
+    finally:
+        keras.config.set_floatx(previous[0])
+        keras.config.set_dtype_policy(previous[1])
     return net.get_weights()
 
 
@@ -226,16 +242,22 @@ def _exact_fit(net, strategy, dataset, epochs, learning_rate, class_weights, loo
         )
 
 
-def max_relative_difference(weights_a: Sequence, weights_b: Sequence) -> float:
+def max_relative_difference(
+    weights_a: Sequence, weights_b: Sequence, floor: float = 1e-12
+) -> float:
     """Largest difference between two sets of weights, relative to each tensor's scale.
 
-    For each tensor: max |a - b| / max |b|; the result is the largest over
-    all tensors. Float32 rounding gives ~1e-6; a different loss scale gives
-    far more.
+    For each tensor: max |a - b| / max(max |b|, floor); the result is the
+    largest over all tensors. Float32 rounding gives ~1e-6; a different loss
+    scale gives far more.
 
     Args:
         weights_a: list of arrays (`model.get_weights()`).
         weights_b: the reference, same shapes.
+        floor: the smallest scale a tensor is measured against. A tensor that
+            is zero in exact arithmetic (a BatchNorm shift that the next
+            BatchNorm cancels) holds only rounding noise, which differs
+            between any two runs by about its own size. Defaults to 1e-12.
 
     Returns:
         The largest relative difference (0.0 for identical weights).
@@ -245,7 +267,7 @@ def max_relative_difference(weights_a: Sequence, weights_b: Sequence) -> float:
     worst = 0.0
     for a, b in zip(weights_a, weights_b, strict=True):
         a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-        scale = max(float(np.max(np.abs(b))), 1e-12) if b.size else 1.0
+        scale = max(float(np.max(np.abs(b))), floor) if b.size else 1.0
         worst = max(worst, float(np.max(np.abs(a - b), initial=0.0)) / scale)
     return worst
 
