@@ -258,6 +258,13 @@ def _scan(files: list[str]) -> dict[str, str | None]:
     """`{path: None if it decodes, else the reason}`, decoding in parallel."""
     if not files:
         return {}
+    from mdtrain.tf_import import LIBJPEG_NOISE, stderr_without
+
+    with stderr_without(LIBJPEG_NOISE):  # each bad file's reason is reported, once
+        return _decode_all(files)
+
+
+def _decode_all(files: list[str]) -> dict[str, str | None]:
     import tensorflow as tf
 
     from mdtrain.compat import without_autotuning

@@ -1,18 +1,22 @@
-"""Imports TensorFlow without the start-up lines its C++ core prints regardless of settings.
+"""TensorFlow's C++ chatter on the stderr file descriptor, filtered where mdtrain knows it.
 
 While its libraries load, TensorFlow (2.19 to at least 2.21) writes absl's
 "All log messages before absl::InitializeLog() ..." and an INFO line "oneDNN
 custom operations are on" straight to the stderr file descriptor, before it
 reads `TF_CPP_MIN_LOG_LEVEL` (tensorflow/tensorflow#100442). A command whose
 promise is "one line on standard error" for bad input cannot let them through.
+Decoding a truncated JPEG, libjpeg also prints "Improper call to JPEG library
+in state 201" there, beside the error TensorFlow raises, which mdtrain reports.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import sys
 import tempfile
+from collections.abc import Iterator
 
 # INFO lines ("I0000 00:00:1795… 123 port.cc:153] …"), absl's pre-init notice, and
 # the second line of the CPU-feature notice.
@@ -20,6 +24,34 @@ _STARTUP_NOISE = re.compile(
     r"^(I\d{4} [\d:.]+ +\d+ \S+:\d+\]|WARNING: All log messages before absl::InitializeLog|"
     r"To enable the following instructions:)"
 )
+LIBJPEG_NOISE = re.compile(r"^Improper call to JPEG library in state \d+$")
+
+
+@contextlib.contextmanager
+def stderr_without(noise: re.Pattern) -> Iterator[None]:
+    """Captures file descriptor 2 for the body; then passes on every line `noise` does not match.
+
+    C and C++ libraries write there directly, past `sys.stderr`. What the body
+    writes appears only when it ends, in its order.
+
+    Args:
+        noise: lines to drop.
+    """
+    sys.stderr.flush()
+    saved_fd = os.dup(2)
+    with tempfile.TemporaryFile() as captured:
+        os.dup2(captured.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved_fd, 2)
+            os.close(saved_fd)
+            captured.seek(0)
+            lines = captured.read().decode(errors="replace").splitlines()
+            kept = [line for line in lines if line.strip() and not noise.match(line)]
+            if kept:
+                print("\n".join(kept), file=sys.stderr, flush=True)
 
 
 def _quiet_wanted() -> bool:
@@ -43,18 +75,5 @@ def import_tensorflow() -> None:
         import tensorflow  # noqa: F401
 
         return
-    sys.stderr.flush()
-    saved_fd = os.dup(2)
-    with tempfile.TemporaryFile() as captured:
-        os.dup2(captured.fileno(), 2)
-        try:
-            import tensorflow  # noqa: F401
-        finally:
-            sys.stderr.flush()
-            os.dup2(saved_fd, 2)
-            os.close(saved_fd)
-            captured.seek(0)
-            lines = captured.read().decode(errors="replace").splitlines()
-            kept = [line for line in lines if line.strip() and not _STARTUP_NOISE.match(line)]
-            if kept:
-                print("\n".join(kept), file=sys.stderr, flush=True)
+    with stderr_without(_STARTUP_NOISE):
+        import tensorflow  # noqa: F401
