@@ -378,3 +378,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("mdtrain: interrupted", file=sys.stderr)
         return 130
+    except Exception as e:
+        lost = _lost_peer(e)
+        if lost is None:
+            raise
+        print(f"mdtrain: error: {lost}", file=sys.stderr)
+        return 1
+
+
+def _lost_peer(error: Exception) -> str | None:
+    """One line for a collective aborted because another worker went away, else None.
+
+    When a worker dies, the others fail in their next all-reduce; the launcher
+    then restarts or stops the job, so their tracebacks say nothing new.
+    """
+    tf = sys.modules.get("tensorflow")
+    if tf is None or not isinstance(error, tf.errors.UnavailableError):
+        return None
+    lines = [line.strip() for line in str(error.message).splitlines() if line.strip()]
+    reason = next((line for line in lines if "aborted by" in line), lines[-1] if lines else "")
+    return f"lost contact with another worker ({reason})"

@@ -241,3 +241,37 @@ def test_the_walk_sees_every_command_and_every_checked_choice():
             "mdtrain predict"} <= commands  # fmt: skip
     seen = {(p.values[0], _name(p.values[2])) for p in _arguments()}
     assert set(CHECKED_CHOICES) <= seen and len(seen) > 50
+
+
+def test_a_worker_that_loses_its_peer_says_so_in_one_line(monkeypatch, capsys):
+    """When another worker dies, this one's all-reduce fails; the launcher restarts the job."""
+    tf = pytest.importorskip("tensorflow")
+    from mdtrain import cli
+
+    message = (
+        "Graph execution error:\n\nDetected at node small_cnn_1/norm1_1/CollectiveReduceV2_1\n"
+        "Collective ops is aborted by: recvmsg:Connection reset by peer\n"
+        "The error could be from a previous operation. Restart your program to reset."
+    )
+
+    def lose_peer(args):
+        raise tf.errors.UnavailableError(None, None, message)
+
+    monkeypatch.setitem(cli._COMMANDS, "train", lose_peer)
+    assert cli.main(["train"]) == 1  # not 2: a restart may well succeed
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines == [
+        "mdtrain: error: lost contact with another worker "
+        "(Collective ops is aborted by: recvmsg:Connection reset by peer)"
+    ]
+
+
+def test_other_errors_keep_their_traceback(monkeypatch):
+    from mdtrain import cli
+
+    def fail(args):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setitem(cli._COMMANDS, "train", fail)
+    with pytest.raises(RuntimeError, match="a bug"):
+        cli.main(["train"])

@@ -161,6 +161,7 @@ def test_tensorflows_runtime_log_lines_go_to_the_log_file_only(tmp_path):
     code, out = _run(2, tmp_path)
     assert code == 0
     assert "StartAbort" not in out and "Error received from peer" not in out
+    assert "Additional GRPC error information" not in out
     assert "[worker 1] worker 1 done" in out  # the worker's own lines still show
     log = (tmp_path / "logs" / "worker-1.log").read_text()
     assert "StartAbort" in log and "Error received from peer" in log
