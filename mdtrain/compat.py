@@ -79,7 +79,8 @@ def without_autotuning(ds: tf.data.Dataset) -> tf.data.Dataset:
     thread waits for it: `mdtrain train` sat idle 30-90 s after its last
     epoch in 2 runs of 3 (gdb: three `OptimizeLoop` threads in a timed wait,
     the main thread in `RootDataset::Iterator::~Iterator`). Not reported
-    upstream yet (no issue found, November 2026). Without the model,
+    upstream yet (no issue found, November 2026); `benchmarks/teardown_stall.py`
+    reproduces it with TensorFlow alone. Without the model,
     `AUTOTUNE` parallelism is the core count and prefetch buffers keep their
     own (legacy) autotuning, which is what a CPU or GPU input pipeline needs.
     """
