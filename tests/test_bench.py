@@ -71,6 +71,10 @@ def test_keras_recipe_is_image_dataset_from_directory_and_stops_on_a_bad_file(da
     names = [type(layer).__name__ for layer in keras_augmentation(bench_policy()).layers]
     assert names == ["RandomFlip", "RandomRotation", "RandomZoom", "RandomBrightness",
                      "RandomContrast"]  # fmt: skip
+    fused, _ = next(iter(keras_directory(data / "train", 32, 16, bench_policy(), fused=True)))
+    plain, _ = next(iter(keras_directory(data / "train", 32, 16)))
+    assert fused.dtype == "float32" and fused.shape == plain.shape
+    assert not np.array_equal(fused.numpy(), plain.numpy())  # augmented
     broken = tmp_path / "broken"
     shutil.copytree(data / "train", broken)
     (broken / "circle" / "zz_truncated.jpg").write_bytes(b"\xff\xd8\xff not really a JPEG")

@@ -40,6 +40,7 @@ RATIOS = {
     "nearest_vs_noaug": ("tfdata_nearest", "tfdata_noaug"),
     "cached_augment_vs_raw_decode": ("tfdata_cached_augment", "raw_decode"),
     "keras_layers_vs_keras_directory": ("keras_directory_layers", "keras_directory"),
+    "fused_layer_vs_keras_layers": ("keras_directory_fused", "keras_directory_layers"),
     "cached_augment_vs_keras_layers_cached": (
         "tfdata_cached_augment",
         "keras_directory_layers_cached",
@@ -53,6 +54,7 @@ PIPELINE_KEYS = {
     "keras_directory_layers": "image_dataset_from_directory + Keras layers",
     "keras_directory_layers_cached": "image_dataset_from_directory + Keras layers, cached epoch",
     "keras_directory": "image_dataset_from_directory, no augment",
+    "keras_directory_fused": "image_dataset_from_directory + mdtrain's FusedAugmentation layer",
     "tfdata": "mdtrain + augment",
     "tfdata_nearest": "mdtrain + augment, nearest sampling",
     "tfdata_noaug": "mdtrain, no augment",
@@ -67,7 +69,9 @@ NOTES = (
     "keras_directory: image_dataset_from_directory(...).cache().shuffle(1000).prefetch(AUTOTUNE), "
     "its first epoch; keras_directory_layers: the same with RandomFlip, RandomRotation, "
     "RandomZoom, RandomBrightness and RandomContrast mapped over batches in parallel; "
-    "keras_directory_layers_cached: its second epoch, read from its cache. "
+    "keras_directory_layers_cached: its second epoch, read from its cache; "
+    "keras_directory_fused: keras_directory_layers with the five layers replaced by mdtrain's "
+    "one FusedAugmentation layer. "
     "tfdata*: InputData with cache='none' (every epoch decodes); tfdata_cached*: a later epoch "
     "of cache='memory'. Augmented variants: flip, rotation 20 deg, zoom 0.15, brightness "
     "(0.8, 1.2), contrast 0.2."
@@ -111,7 +115,9 @@ def keras_augmentation(policy, seed: int = 0):
     return keras.Sequential(layers)
 
 
-def keras_directory(train_dir, image_size: int, batch_size: int, policy=None, seed: int = 0):
+def keras_directory(
+    train_dir, image_size: int, batch_size: int, policy=None, seed: int = 0, fused: bool = False
+):
     """What Keras users write: `image_dataset_from_directory`, cache, shuffle, prefetch.
 
     As TensorFlow's image-classification tutorial writes it
@@ -125,6 +131,8 @@ def keras_directory(train_dir, image_size: int, batch_size: int, policy=None, se
         batch_size: images per batch.
         policy: an `AugmentPolicy` to run as Keras layers, or None. Defaults to None.
         seed: seed of the shuffle and the layers. Defaults to 0.
+        fused: run the policy as mdtrain's one `FusedAugmentation` layer instead
+            of Keras' layers (the same recipe otherwise). Defaults to False.
 
     Returns:
         A dataset of `(float32 images, int32 labels)` batches. It stops with an
@@ -133,13 +141,15 @@ def keras_directory(train_dir, image_size: int, batch_size: int, policy=None, se
     import keras
     import tensorflow as tf
 
+    from mdtrain.augment_layer import FusedAugmentation
+
     ds = keras.utils.image_dataset_from_directory(
         str(train_dir), image_size=(image_size, image_size), batch_size=batch_size,
         shuffle=True, seed=seed, verbose=False,
     )  # fmt: skip
     ds = ds.cache().shuffle(1000, seed=seed)
     if policy is not None:
-        layers = keras_augmentation(policy, seed)
+        layers = FusedAugmentation(policy, seed) if fused else keras_augmentation(policy, seed)
         plain = tf.autograph.experimental.do_not_convert
         ds = ds.map(plain(lambda x, y: (layers(x, training=True), y)),
                     num_parallel_calls=tf.data.AUTOTUNE)  # fmt: skip
@@ -249,8 +259,8 @@ def _pipeline_variants(data_dir: Path, image_size: int, batch_size: int):
                     deterministic=False)  # fmt: skip
         return iter(ds.batch(batch_size).prefetch(AUTOTUNE))
 
-    def keras(policy=None):
-        return lambda: iter(keras_directory(train_dir, image_size, batch_size, policy))
+    def keras(policy=None, fused=False):
+        return lambda: iter(keras_directory(train_dir, image_size, batch_size, policy, fused=fused))
 
     cached_keras = keras_directory(train_dir, image_size, batch_size, policy)
 
@@ -259,6 +269,7 @@ def _pipeline_variants(data_dir: Path, image_size: int, batch_size: int):
         "imagedatagenerator": Variant(lambda: idg, min(len(idg), IDG_BATCHES), warmup=1),
         "keras_directory_layers": whole_epochs(keras(policy), steps),
         "keras_directory": whole_epochs(keras(), steps),
+        "keras_directory_fused": whole_epochs(keras(policy, fused=True), steps),
         "keras_directory_layers_cached": whole_epochs(lambda: iter(cached_keras), steps),
         "tfdata": _input_data_variant(*args, "none", augment=policy),
         "tfdata_nearest": _input_data_variant(
@@ -339,7 +350,8 @@ def pipeline_benchmark(
     Variants (`PIPELINE_KEYS`, `NOTES`): `imagedatagenerator`
     (`flow_from_directory` with the benchmark's augmentation),
     `keras_directory` and `keras_directory_layers` (what Keras users write,
-    `keras_directory`), `tfdata`, `tfdata_nearest` and `tfdata_noaug`
+    `keras_directory`), `keras_directory_fused` (the same recipe with mdtrain's
+    `FusedAugmentation` layer in place of Keras' five), `tfdata`, `tfdata_nearest` and `tfdata_noaug`
     (`InputData` streaming every epoch: augmented, augmented with nearest
     sampling, not augmented), `tfdata_cached` and `tfdata_cached_augment`
     (a later epoch from the memory cache) and `raw_decode` (decode + resize

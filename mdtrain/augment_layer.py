@@ -1,0 +1,91 @@
+"""mdtrain's fused augmentation as a Keras layer, for your own model or tf.data pipeline.
+
+`FusedAugmentation(policy)` stands in for the stack Keras' tutorials write,
+`RandomFlip`, `RandomRotation`, `RandomZoom` (and `RandomBrightness`,
+`RandomContrast`), and does their work in one resampling pass
+(`mdtrain.augment.augment_batch`). Like Keras' random layers it augments
+when called with `training=True` (the default when called directly, and
+inside `fit`) and passes images through at inference, so a model that holds
+it can be saved and served as it is.
+
+Where it runs is where you put it:
+
+- mapped over batches in tf.data, the input pipeline's CPU threads do the
+  work (what `mdtrain.pipeline.InputData` does for `mdtrain train`);
+- first layer of the model, the accelerator does it inside the training
+  step, and the input pipeline is left to decode. Under a distribution
+  strategy each replica draws its own transforms.
+
+It is TensorFlow-only (the resampling kernel is XLA-compiled TensorFlow), as
+the rest of mdtrain.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import keras
+import tensorflow as tf
+
+from mdtrain.augment import AugmentPolicy, augment_batch
+
+
+@keras.saving.register_keras_serializable(package="mdtrain")
+class FusedAugmentation(keras.layers.Layer):
+    """Random flip, rotation, zoom, brightness and contrast in one pass.
+
+    Args:
+        policy: the `AugmentPolicy` (ImageDataGenerator's meaning of each
+            transform). Defaults to None (`AugmentPolicy()`: flip, rotation
+            ±20°, zoom ±15%).
+        seed: seed of the layer's random transforms; the same seed draws the
+            same transforms call after call. Defaults to None (random).
+        **kwargs: passed to `keras.layers.Layer`.
+
+    Input: a batch `(batch, height, width, channels)` of any dtype; integer
+    images are rounded and saturate, float images are not clipped.
+    Output: the same shape and dtype.
+
+    Example:
+
+    >>> layer = FusedAugmentation(AugmentPolicy(brightness=(0.8, 1.2)), seed=0)
+    >>> layer(tf.zeros([4, 32, 32, 3], tf.uint8)).shape
+    TensorShape([4, 32, 32, 3])
+    """
+
+    def __init__(self, policy: AugmentPolicy | None = None, seed: int | None = None, **kwargs):
+        super().__init__(**kwargs)
+        self.policy = policy if policy is not None else AugmentPolicy()
+        self.seed = seed
+        self.generator = keras.random.SeedGenerator(seed)
+
+    def call(self, images, training=True):
+        if not training:
+            return images
+        seed = keras.random.randint((2,), 0, 2**31 - 1, dtype="int32", seed=self.generator)
+        return augment_batch(images, self.policy, _per_replica(seed))
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def get_config(self) -> dict:
+        policy = dataclasses.asdict(self.policy)
+        return {**super().get_config(), "policy": policy, "seed": self.seed}
+
+    @classmethod
+    def from_config(cls, config: dict) -> FusedAugmentation:
+        policy = dict(config.pop("policy"))
+        if policy.get("brightness") is not None:  # JSON turns the tuple into a list
+            policy["brightness"] = tuple(policy["brightness"])
+        return cls(policy=AugmentPolicy(**policy), **config)
+
+
+def _per_replica(seed: tf.Tensor) -> tf.Tensor:
+    # Which generator state each replica reads depends on how the strategy holds the
+    # layer's variable; folding in the replica's index gives every replica transforms
+    # of its own whatever it reads.
+    ctx = tf.distribute.get_replica_context()
+    if ctx is None or ctx.num_replicas_in_sync == 1:
+        return seed
+    replica = tf.cast(ctx.replica_id_in_sync_group, tf.int32)
+    return tf.random.experimental.stateless_fold_in(seed, replica)
