@@ -174,9 +174,11 @@ def _plot(result: dict, path: Path) -> None:
         ax.invert_yaxis()
         ax.set_xlabel(label)
         ax.spines[["top", "right"]].set_visible(False)
-    axes[0].legend(fontsize=8, loc="lower right")
+    # Below the panels: inside, the legend would cover the longest bars' labels.
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="lower center", ncol=2, fontsize=8,
+               frameon=False)  # fmt: skip
     fig.suptitle(f"mdtrain train, small CNN at {result['image_size']} px, one epoch", fontsize=11)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
     fig.savefig(path, dpi=110)
 
 

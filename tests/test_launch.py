@@ -115,7 +115,7 @@ def test_bad_input_raises_usage_error(args, kwargs):
 def test_launch_adds_multiworker_strategy(monkeypatch):
     seen = []
     monkeypatch.setattr(
-        launch_mod, "run_workers", lambda cmd, n, **kw: seen.append((cmd, n, kw)) or 0
+        launch_mod.jobs, "run_workers", lambda cmd, n, **kw: seen.append((cmd, n, kw)) or 0
     )
     assert launch(2, ["--epochs", "1"], restarts=1, log_dir="x") == 0
     cmd, n, kw = seen[0]
@@ -229,10 +229,10 @@ def _start_launcher(tmp_path, pids, pdeathsig=True):
     script = textwrap.dedent(f"""
         import signal, sys
         signal.signal(signal.SIGINT, signal.default_int_handler)
-        import mdtrain.launch
+        import mdtrain.launch.processes
         from mdtrain.launch import run_workers
         if not {pdeathsig!r}:
-            mdtrain.launch._child_setup = lambda: None
+            mdtrain.launch.processes.child_setup = lambda: None
         sys.exit(run_workers({FAKE!r}, 2, log_dir={str(tmp_path / "logs")!r}))
     """)
     env = _env(FAKE_SLEEP="0:inf,1:inf", FAKE_PIDS=pids, PYTHONPATH=ROOT)
@@ -431,7 +431,7 @@ def test_ps_job_outlives_a_worker_but_not_a_ps(tmp_path):
 
 def test_launch_ps_command_and_bad_input(monkeypatch):
     seen = []
-    monkeypatch.setattr(launch_mod, "run_ps_cluster", lambda *a, **kw: seen.append(a) or 0)
+    monkeypatch.setattr(launch_mod.jobs, "run_ps_cluster", lambda *a, **kw: seen.append(a) or 0)
     assert launch(2, ["--epochs", "1", "--strategy", "ps"], num_ps=1) == 0
     chief, server, workers, ps = seen[0]
     assert chief == [sys.executable, "-m", "mdtrain.ps", "chief", "--epochs", "1"]

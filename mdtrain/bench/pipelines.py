@@ -54,7 +54,7 @@ PIPELINE_KEYS = {
     "keras_directory_layers": "image_dataset_from_directory + Keras layers",
     "keras_directory_layers_cached": "image_dataset_from_directory + Keras layers, cached epoch",
     "keras_directory": "image_dataset_from_directory, no augment",
-    "keras_directory_fused": "image_dataset_from_directory + mdtrain's FusedAugmentation layer",
+    "keras_directory_fused": "image_dataset_from_directory + FusedAugmentation",
     "tfdata": "mdtrain + augment",
     "tfdata_nearest": "mdtrain + augment, nearest sampling",
     "tfdata_noaug": "mdtrain, no augment",
@@ -350,12 +350,12 @@ def pipeline_benchmark(
     Variants (`PIPELINE_KEYS`, `NOTES`): `imagedatagenerator`
     (`flow_from_directory` with the benchmark's augmentation),
     `keras_directory` and `keras_directory_layers` (what Keras users write,
-    `keras_directory`), `keras_directory_fused` (the same recipe with mdtrain's
-    `FusedAugmentation` layer in place of Keras' five), `tfdata`, `tfdata_nearest` and `tfdata_noaug`
-    (`InputData` streaming every epoch: augmented, augmented with nearest
-    sampling, not augmented), `tfdata_cached` and `tfdata_cached_augment`
-    (a later epoch from the memory cache) and `raw_decode` (decode + resize
-    only, all cores).
+    `keras_directory`), `keras_directory_fused` (the same recipe with
+    mdtrain's `FusedAugmentation` layer in place of Keras' five), `tfdata`,
+    `tfdata_nearest` and `tfdata_noaug` (`InputData` streaming every epoch:
+    augmented, augmented with nearest sampling, not augmented),
+    `tfdata_cached` and `tfdata_cached_augment` (a later epoch from the memory
+    cache) and `raw_decode` (decode + resize only, all cores).
 
     Args:
         data: dataset folder (class folders, or `train/` + `val/`); None

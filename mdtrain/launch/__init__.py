@@ -1,0 +1,42 @@
+"""Local multi-worker launcher for `tf.distribute.MultiWorkerMirroredStrategy`.
+
+Starts N worker processes on one machine, each with its own `TF_CONFIG`, so the
+same `mdtrain train --strategy multiworker` that runs on a cluster can be tried
+and taught on a laptop. Output is prefixed with `[worker i] ` and kept in
+per-worker log files; a crashed worker stops the others and, if asked, the whole
+group is restarted; a hang is reported instead of waited on forever.
+
+Exit codes of `run_workers` and `launch`: the chief's (worker 0's) status when
+every worker ends on its own; the failing worker's status when a worker fails and
+no restarts are left (exit code 2, a usage error, is never restarted); 124 when
+workers appear stuck; 130 on Ctrl-C; 143 on SIGTERM. A process killed by signal N
+counts as 128 + N, as in a shell.
+
+Security: TensorFlow's gRPC servers are unauthenticated and unencrypted; anyone
+who can reach a worker's port can join or disrupt the job. The launcher puts only
+127.0.0.1 addresses in `TF_CONFIG` unless `host` is given explicitly, so workers
+talk over loopback; but TensorFlow's server *listens* on every interface of the
+port (it ignores the host; checked with `ss -ltn` under TF 2.21). On a machine
+reachable from an untrusted network, firewall the ports or run the workers in a
+network namespace or container without outside access.
+"""
+
+from mdtrain.launch.addresses import cluster_tf_config, free_ports, ps_cluster, tf_config
+from mdtrain.launch.jobs import launch, launch_ps
+from mdtrain.launch.parameter_servers import run_ps_cluster
+from mdtrain.launch.processes import HANG_EXIT_CODE
+from mdtrain.launch.workers import USAGE_EXIT_CODE, kill_worker_when, run_workers
+
+__all__ = [
+    "HANG_EXIT_CODE",
+    "USAGE_EXIT_CODE",
+    "cluster_tf_config",
+    "free_ports",
+    "kill_worker_when",
+    "launch",
+    "launch_ps",
+    "ps_cluster",
+    "run_ps_cluster",
+    "run_workers",
+    "tf_config",
+]

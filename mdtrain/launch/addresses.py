@@ -1,0 +1,106 @@
+"""Addresses of a local job: free ports, and each task's `TF_CONFIG`."""
+
+from __future__ import annotations
+
+import socket
+
+from mdtrain.errors import UsageError
+
+
+def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
+    """Returns `n` distinct TCP ports that are free on `host` right now.
+
+    The sockets are held open together, so the ports are distinct, then closed
+    for the workers to bind; a port taken in between fails one attempt, and a
+    restart takes fresh ports.
+
+    Args:
+        n: How many ports to return.
+        host: The address to bind. Defaults to `"127.0.0.1"`.
+
+    Returns:
+        A list of `n` distinct port numbers.
+
+    Example:
+        >>> len(set(free_ports(3)))
+        3
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sockets = [socket.socket(family, socket.SOCK_STREAM) for _ in range(n)]
+    try:
+        for sock in sockets:
+            sock.bind((host, 0))
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def tf_config(worker_addresses: list[str], index: int) -> dict:
+    """Builds the `TF_CONFIG` dictionary of one worker.
+
+    Worker 0 is the chief: MultiWorkerMirroredStrategy makes it the one that
+    saves checkpoints and writes summaries.
+
+    Args:
+        worker_addresses: `"host:port"` of every worker, in index order.
+        index: The index of the worker this config is for.
+
+    Returns:
+        `{"cluster": {"worker": [...]}, "task": {"type": "worker", "index": index}}`,
+        for `json.dumps` into the `TF_CONFIG` environment variable.
+
+    Raises:
+        UsageError: If `index` is not a valid position in `worker_addresses`.
+
+    Example:
+        >>> tf_config(["127.0.0.1:2222", "127.0.0.1:2223"], 1)["task"]
+        {'type': 'worker', 'index': 1}
+    """
+    if not 0 <= index < len(worker_addresses):
+        raise UsageError(f"worker index {index} is outside 0..{len(worker_addresses) - 1}")
+    return {
+        "cluster": {"worker": list(worker_addresses)},
+        "task": {"type": "worker", "index": index},
+    }
+
+
+def cluster_tf_config(cluster: dict[str, list[str]], task_type: str, index: int) -> dict:
+    """Builds the `TF_CONFIG` dictionary of one task of a cluster with roles.
+
+    Args:
+        cluster: `{"chief": [...], "worker": [...], "ps": [...]}`, `"host:port"` each.
+        task_type: the role of this task, a key of `cluster`.
+        index: its position in `cluster[task_type]`.
+
+    Returns:
+        `{"cluster": cluster, "task": {"type": task_type, "index": index}}`.
+
+    Raises:
+        UsageError: If `task_type` or `index` is not in `cluster`.
+
+    Example:
+        >>> cluster_tf_config({"chief": ["h:1"], "ps": ["h:2"]}, "ps", 0)["task"]
+        {'type': 'ps', 'index': 0}
+    """
+    if not 0 <= index < len(cluster.get(task_type, [])):
+        raise UsageError(f"no task {task_type} {index} in the cluster {sorted(cluster)}")
+    return {
+        "cluster": {role: list(addresses) for role, addresses in cluster.items()},
+        "task": {"type": task_type, "index": index},
+    }
+
+
+def address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def ps_cluster(num_workers: int, num_ps: int, host: str = "127.0.0.1") -> dict[str, list[str]]:
+    """A chief, `num_workers` workers and `num_ps` parameter servers on free ports of `host`."""
+    ports = free_ports(1 + num_workers + num_ps, host)
+    addresses = [address(host, p) for p in ports]
+    return {
+        "chief": addresses[:1],
+        "worker": addresses[1 : 1 + num_workers],
+        "ps": addresses[1 + num_workers :],
+    }

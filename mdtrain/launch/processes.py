@@ -1,0 +1,210 @@
+"""Process groups: start tasks together, pump their output, stop them all.
+
+Every task runs in its own process group (Ctrl-C is the launcher's to
+forward) and dies with the launcher (Linux's parent-death signal). One thread
+per task copies its output to the task's log file and, prefixed with its
+label, to the job's stream. Ctrl-C and SIGTERM stop every task before the
+launcher returns; so does any error in between.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TextIO
+
+from mdtrain.errors import UsageError
+
+HANG_EXIT_CODE = 124
+_GRACE_S = 5.0  # between SIGTERM and SIGKILL: long enough to flush logs, short enough to wait
+POLL_S = 0.1
+
+
+class _Terminated(Exception):  # raised in the main thread when the launcher gets SIGTERM
+    pass
+
+
+def exit_status(returncode: int) -> int:
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def child_setup():
+    """Returns a preexec_fn that makes the child die with the launcher (Linux only)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    # Loaded in the parent: the child runs between fork and exec and must do little.
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    parent = os.getpid()
+
+    def setup() -> None:
+        prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: SIGKILL when the launcher dies
+        if os.getppid() != parent:  # the launcher died before prctl took effect
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return setup
+
+
+def _signal_groups(procs: list[subprocess.Popen], sig: int) -> None:
+    for proc in procs:
+        try:
+            os.killpg(proc.pid, sig)  # the whole group: workers may have children of their own
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def stop(procs: list[subprocess.Popen], grace_s: float = _GRACE_S) -> None:
+    """SIGTERM every worker's process group, then SIGKILL what is left after `grace_s`."""
+    _signal_groups([p for p in procs if p.poll() is None], signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+        time.sleep(POLL_S)
+    _signal_groups(procs, signal.SIGKILL)
+    for proc in procs:
+        proc.wait()
+
+
+@contextlib.contextmanager
+def _sigterm_raises() -> Iterator[None]:
+    """Turns SIGTERM into `_Terminated` while the block runs (main thread only)."""
+    # SIGTERM (from kill, Slurm, docker stop) must stop the tasks too, not just end us.
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def on_sigterm(signum, frame):
+        raise _Terminated
+
+    previous = signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+# TensorFlow's C++ runtime logs in glog's format ("E0000 00:00:1795393443.609882  30925
+# base_collective_executor.cc:252] ..."), absl announces where it logs, and gRPC
+# continues some errors on lines of their own. A task that loses a peer (a crash drill,
+# the chief exiting first) prints a dozen of them; they go to the task's log file, not to
+# the job's stream.
+_RUNTIME_LOG = re.compile(
+    r"[IWEF]\d{4} \d\d:\d\d:\d+\.\d+ +\d+ [\w.-]+:\d+\]|:UNKNOWN:"
+    r"|WARNING: All log messages before absl::InitializeLog|Additional GRPC error information"
+)
+
+
+class Tasks:
+    """Processes started together, each in its own process group with its own log file.
+
+    One pump thread per task copies its output to the log and, prefixed with the
+    task's label and without TensorFlow's runtime log lines, to the job's stream;
+    `last_output` is when any task last printed.
+    """
+
+    def __init__(self, job: Job):
+        self.job = job
+        self.procs: list[subprocess.Popen] = []
+        self.labels: list[str] = []
+        self.last_output = time.monotonic()
+        self._logs: list[TextIO] = []
+        self._threads: list[threading.Thread] = []
+        self._preexec = child_setup()
+
+    def spawn(self, command: list[str], env: dict[str, str], label: str, header: str = "") -> None:
+        log = open(self.job.log_dir / f"{label.replace(' ', '-')}.log", "a", encoding="utf-8")
+        log.write(header)
+        log.flush()
+        try:
+            proc = subprocess.Popen(
+                command,
+                env={**env, "PYTHONUNBUFFERED": "1"},  # lines arrive as printed: silence is silence
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # own process group: Ctrl-C is ours to forward
+                preexec_fn=self._preexec,
+            )
+        except OSError as error:
+            log.close()
+            raise UsageError(f"cannot start {command[0]!r}: {error}; check the command") from None
+        self.procs.append(proc)
+        self.labels.append(label)
+        self._logs.append(log)
+
+    def start_pumps(self) -> None:
+        # Threads only after every fork: preexec_fn is unsafe while other threads run.
+        for proc, log, label in zip(self.procs, self._logs, self.labels, strict=True):
+            thread = threading.Thread(target=self._pump, args=(proc, log, label), daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def _pump(self, proc: subprocess.Popen, log: TextIO, label: str) -> None:
+        with log:
+            for raw in iter(proc.stdout.readline, b""):
+                self.last_output = time.monotonic()
+                line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
+                log.write(line + "\n")
+                log.flush()
+                if not _RUNTIME_LOG.match(line):
+                    self.job.write(label, line)
+            proc.stdout.close()
+
+    def join(self) -> None:
+        # A grandchild that escaped the group could hold the pipe open; do not wait on it.
+        for thread in self._threads:
+            thread.join(timeout=_GRACE_S)
+
+
+class Job:
+    """One launch: its log folder, its shared stream, and the tasks it runs now."""
+
+    def __init__(self, log_dir: str | os.PathLike | None, stream: TextIO | None):
+        fresh = log_dir is None
+        self.log_dir = Path(tempfile.mkdtemp(prefix="mdtrain-") if fresh else log_dir)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.stream = sys.stdout if stream is None else stream  # a notebook's, if it is one
+        self.lock = threading.Lock()
+        self.tasks = Tasks(self)
+
+    def write(self, label: str, line: str) -> None:
+        with self.lock:
+            self.stream.write(f"[{label}] {line}\n")
+            self.stream.flush()
+
+    def say(self, message: str) -> None:
+        self.write("launch", message)
+
+    def new_tasks(self) -> Tasks:
+        self.tasks = Tasks(self)
+        return self.tasks
+
+    def run(self, body: Callable[[], int], noun: str | None = None) -> int:
+        """Returns `body()`, or 130 on Ctrl-C and 143 on SIGTERM after stopping the tasks.
+
+        With `noun` ("workers") it says what it stops.
+        """
+        with _sigterm_raises():
+            try:
+                return body()
+            except KeyboardInterrupt:
+                return self._stop_all("interrupted", noun, 130)
+            except _Terminated:
+                return self._stop_all("terminated", noun, 143)
+            finally:  # whatever happened, nothing of ours outlives us; a half start included
+                _signal_groups(self.tasks.procs, signal.SIGKILL)
+
+    def _stop_all(self, why: str, noun: str | None, status: int) -> int:
+        if noun:
+            self.say(f"{why}; stopping all {noun}")
+        stop(self.tasks.procs)
+        return status

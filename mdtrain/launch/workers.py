@@ -1,0 +1,226 @@
+"""Multi-worker jobs: N workers, each with its own `TF_CONFIG`, restarted together."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import threading
+import time
+from typing import TextIO
+
+from mdtrain.errors import UsageError
+from mdtrain.gpus import assign_gpus, visible_gpus
+from mdtrain.launch.addresses import address, free_ports, tf_config
+from mdtrain.launch.processes import HANG_EXIT_CODE, POLL_S, Job, Tasks, exit_status, stop
+
+USAGE_EXIT_CODE = 2
+
+
+def _check_worker_args(command: list[str], num_workers: int, restarts: int, hang_timeout_s) -> None:
+    if not command:
+        raise UsageError("empty worker command; pass the program to run, e.g. ['python', 'x.py']")
+    if num_workers < 1:
+        raise UsageError(f"--workers {num_workers}: pass 1 or more workers")
+    if restarts < 0:
+        raise UsageError(f"--restarts {restarts}: pass 0 or more restarts")
+    if hang_timeout_s is not None and hang_timeout_s <= 0:
+        raise UsageError(f"hang timeout {hang_timeout_s}: pass a positive number of seconds")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Workers:
+    """What every attempt of `run_workers` starts: `command` as `num` workers on `host`."""
+
+    command: list[str]
+    num: int
+    host: str
+    env: dict[str, str]
+    gpus: list[str] | None
+
+    def attempts(self, job: Job, restarts: int, hang_timeout_s: float | None) -> int:
+        """Starts the workers until an attempt ends the job; returns its exit status."""
+        for number in range(1, restarts + 2):
+            tasks = self.start(job, number)
+            status = _watch(tasks, number, restarts, hang_timeout_s, job.say)
+            tasks.join()
+            if status is not None:
+                return status
+        raise AssertionError("unreachable: the last attempt always returns")
+
+    def start(self, job: Job, attempt: int) -> Tasks:
+        addresses = [address(self.host, port) for port in free_ports(self.num, self.host)]
+        job.say(f"attempt {attempt}: " + " ".join(addresses))
+        tasks = job.new_tasks()
+        header = f"=== attempt {attempt} ({time.strftime('%Y-%m-%d %H:%M:%S')}) ===\n"
+        for i in range(self.num):
+            tasks.spawn(self.command, self._env(addresses, i, attempt), f"worker {i}", header)
+        tasks.start_pumps()
+        return tasks
+
+    def _env(self, addresses: list[str], index: int, attempt: int) -> dict[str, str]:
+        env = dict(self.env)
+        env.update(
+            TF_CONFIG=json.dumps(tf_config(addresses, index)),
+            MDTRAIN_WORKER_INDEX=str(index),
+            MDTRAIN_ATTEMPT=str(attempt),
+        )
+        if self.gpus is not None:  # this worker's own GPUs, from mdtrain.gpus.assign_gpus
+            env["CUDA_VISIBLE_DEVICES"] = self.gpus[index]
+        return env
+
+
+def run_workers(
+    command: list[str],
+    num_workers: int,
+    *,
+    restarts: int = 0,
+    host: str = "127.0.0.1",
+    log_dir: str | os.PathLike | None = None,
+    hang_timeout_s: float | None = 120.0,
+    env: dict[str, str] | None = None,
+    stream: TextIO | None = None,
+    gpus_per_worker: int | None = None,
+) -> int:
+    """Runs `command` as `num_workers` cooperating workers and waits for them.
+
+    Each worker gets a free port on `host`, its own `TF_CONFIG` (worker 0 is the
+    chief), `MDTRAIN_WORKER_INDEX` and `MDTRAIN_ATTEMPT` (1, 2, ...). Output lines
+    go to `stream` as `[worker i] ...` and are appended to `log_dir/worker-i.log`
+    under a `=== attempt k ===` header. A worker that exits non-zero stops the
+    others; while restarts are left all start again on fresh ports, and resuming
+    is the command's job (`--backup-dir`). See the module docstring for exit
+    codes and why `host` must stay on loopback or a trusted network.
+
+    Args:
+        command: The program and its arguments that every worker runs.
+        num_workers: How many workers to start. Must be at least 1.
+        restarts: How many times to restart all workers after one fails.
+            Defaults to `0`.
+        host: The address workers bind and reach each other on.
+            Defaults to `"127.0.0.1"`.
+        log_dir: Where per-worker logs go. Defaults to `None`, a fresh
+            temporary folder whose path is printed at the start.
+        hang_timeout_s: Seconds after which workers count as stuck, when one
+            has finished and others have not, or none has printed anything.
+            `None` disables the check. Defaults to `120.0`.
+        env: Environment for the workers. Defaults to `None`, this process's.
+        stream: Where prefixed output and launcher messages go.
+            Defaults to `None`, the `sys.stdout` of the moment (a notebook's too).
+        gpus_per_worker: GPUs for each worker, set in its `CUDA_VISIBLE_DEVICES`
+            (`mdtrain.gpus.assign_gpus`); `0` runs the workers on the CPU.
+            Defaults to `None`: the visible GPUs split evenly, none on a CPU machine.
+
+    Returns:
+        The exit status described in the module docstring: the chief's status,
+        the failing worker's once restarts are spent, 124 for stuck workers,
+        130 on Ctrl-C, 143 on SIGTERM.
+
+    Raises:
+        UsageError: If `command` is empty or cannot be started, `num_workers < 1`,
+            `restarts < 0`, `hang_timeout_s <= 0`, or too few GPUs.
+
+    Example:
+        >>> run_workers([sys.executable, "train.py"], 2, restarts=1)  # doctest: +SKIP
+    """
+    _check_worker_args(command, num_workers, restarts, hang_timeout_s)
+    gpus = assign_gpus(visible_gpus(env), num_workers, gpus_per_worker)
+    job = Job(log_dir, stream)
+    job.say(f"{num_workers} workers on {host}; logs in {job.log_dir}")
+    if gpus is not None:
+        shares = (f"worker {i}: {g or '(none)'}" for i, g in enumerate(gpus))
+        job.say("CUDA_VISIBLE_DEVICES " + "; ".join(shares))
+    workers = _Workers(command, num_workers, host, dict(os.environ if env is None else env), gpus)
+    return job.run(lambda: workers.attempts(job, restarts, hang_timeout_s), noun="workers")
+
+
+def _watch(tasks: Tasks, number: int, restarts: int, hang_timeout_s, say) -> int | None:
+    """Waits for one attempt; returns its exit status, or None to restart."""
+    procs = tasks.procs
+    first_done = None
+    while True:
+        codes = [p.poll() for p in procs]
+        now = time.monotonic()
+        failed = [(i, c) for i, c in enumerate(codes) if c not in (None, 0)]
+        # Once the chief has finished cleanly the job's result is saved: later failures are noise.
+        if failed and codes[0] != 0:
+            return _after_failure(procs, failed, number, restarts, say)
+        running = [i for i, c in enumerate(codes) if c is None]
+        if not running:
+            if failed:
+                index, code = failed[0]
+                say(f"worker {index} exited with code {code} after the chief finished")
+            return exit_status(codes[0])
+        if first_done is None and len(running) < len(procs):
+            first_done = now
+        why = _why_stuck(tasks, running, first_done, now, hang_timeout_s)
+        if why:
+            stuck = ", ".join(map(str, running))
+            say(
+                f"workers {stuck} appear stuck (probably waiting in a collective for a "
+                f"worker that is gone): {why}; stopping all; exit code {HANG_EXIT_CODE}"
+            )
+            stop(procs)
+            return HANG_EXIT_CODE
+        time.sleep(POLL_S)
+
+
+def _after_failure(procs, failed, number: int, restarts: int, say) -> int | None:
+    """Stops the workers after `failed`; returns the exit status, or None to restart."""
+    # Exit code 2 is a usage error (argparse, mdtrain's CLI): a restart would repeat it.
+    usage = any(c == USAGE_EXIT_CODE for _, c in failed)
+    left = number <= restarts and not usage
+    plan = f"restart {number} of {restarts}" if left else "no restarts left"
+    plan = "bad input, not restarting" if usage and number <= restarts else plan
+    what = ", ".join(f"worker {i} exited with code {c}" for i, c in failed)
+    say(f"{what}; stopping the others; {plan}")
+    stop(procs)
+    # The chief's own failure if it failed, else the worker's: not our SIGTERM to the chief.
+    return None if left else exit_status(failed[0][1])
+
+
+def _why_stuck(tasks: Tasks, running, first_done, now: float, hang_timeout_s) -> str | None:
+    if hang_timeout_s is None:
+        return None
+    if first_done is not None and now - first_done > hang_timeout_s:
+        done = [i for i in range(len(tasks.procs)) if i not in running]
+        return f"worker {done[0]} finished {now - first_done:.0f}s ago"
+    if now - tasks.last_output > hang_timeout_s:
+        return f"no output for {now - tasks.last_output:.0f}s"
+    return None
+
+
+def kill_worker_when(pattern: str | os.PathLike, index: int, timeout_s: float = 600.0):
+    """Kills worker `index` with SIGKILL once a file matching `pattern` exists (a fault drill).
+
+    For demonstrating and testing `--restarts` with `--backup-dir`: call it just
+    before `launch` or `run_workers` in the same process, with e.g.
+    `"backup/ckpt-*"`, so a worker dies right after the first backup.
+
+    Args:
+        pattern: a glob pattern, absolute or relative to the current folder.
+        index: the worker to kill (its `MDTRAIN_WORKER_INDEX`).
+        timeout_s: give up after this many seconds. Defaults to `600.0`.
+
+    Returns:
+        The watching daemon thread.
+    """
+    import glob
+
+    import psutil
+
+    def watch() -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and not glob.glob(str(pattern)):
+            time.sleep(POLL_S)
+        for child in psutil.Process().children():
+            try:
+                if child.environ().get("MDTRAIN_WORKER_INDEX") == str(index):
+                    child.send_signal(signal.SIGKILL)
+            except psutil.Error:
+                pass
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread
