@@ -67,12 +67,14 @@ def _worker(config: dict) -> dict:
             "total_s": round(time.time() - started, 1)}  # fmt: skip
 
 
-def _run(data: Path, cache, cache_dir: Path, source: Path) -> dict:
+def _run(data: Path, cache: str | bool, cache_dir: Path, source: Path) -> dict:
     env = {**os.environ, "MDTRAIN_CACHE_DIR": str(cache_dir), "TF_CPP_MIN_LOG_LEVEL": "2",
            "PYTHONPATH": str(source), "CUDA_VISIBLE_DEVICES": ""}  # fmt: skip
     config = json.dumps({"data": str(data), "cache": cache})
     out = subprocess.run([sys.executable, __file__, "--worker", config], env=env, cwd=source,
-                         capture_output=True, text=True, check=True)  # fmt: skip
+                         capture_output=True, text=True)  # fmt: skip
+    if out.returncode != 0:  # the worker's own error, not only its exit status
+        raise SystemExit(f"run {config} failed ({out.returncode}):\n{out.stderr[-2000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -87,8 +89,10 @@ def _dataset(root: Path, n: int) -> Path:
 
 def _before_tree(ref: str, tmp: Path) -> Path:
     tree = tmp / "before"
-    subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(tree), ref],
-                   check=True, capture_output=True)  # fmt: skip
+    out = subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(tree), ref],
+                         capture_output=True, text=True)  # fmt: skip
+    if out.returncode != 0:
+        raise SystemExit(f"--before {ref}: {out.stderr.strip()}")
     return tree
 
 

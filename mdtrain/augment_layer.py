@@ -38,8 +38,12 @@ class FusedAugmentation(keras.layers.Layer):
         policy: the `AugmentPolicy` (ImageDataGenerator's meaning of each
             transform). Defaults to None (`AugmentPolicy()`: flip, rotation
             ±20°, zoom ±15%).
-        seed: seed of the layer's random transforms; the same seed draws the
-            same transforms call after call. Defaults to None (random).
+        seed: seed of the layer's random transforms: a new layer with the
+            same seed draws the same transforms, call after call, in a model
+            or a sequential `map`. (Parallel `map` calls share the layer's
+            generator in the order they run; for batches whose transforms
+            depend only on their position, use `mdtrain.augment.augment_batch`
+            with a seed per batch, as `InputData` does.) Defaults to None (random).
         **kwargs: passed to `keras.layers.Layer`.
 
     Input: a batch `(batch, height, width, channels)` of any dtype; integer
@@ -59,25 +63,31 @@ class FusedAugmentation(keras.layers.Layer):
         self.seed = seed
         self.generator = keras.random.SeedGenerator(seed)
 
-    def call(self, images, training=True):
+    def call(self, images: tf.Tensor, training: bool = True) -> tf.Tensor:
+        """The batch augmented with freshly drawn transforms, or as it is when not training."""
         if not training:
             return images
         seed = keras.random.randint((2,), 0, 2**31 - 1, dtype="int32", seed=self.generator)
         return augment_batch(images, self.policy, _per_replica(seed))
 
-    def compute_output_shape(self, input_shape):
-        return input_shape
+    def compute_output_spec(self, images, training=True) -> keras.KerasTensor:
+        """Same shape and dtype as the input (a uint8 batch stays uint8)."""
+        return keras.KerasTensor(images.shape, dtype=images.dtype)
 
     def get_config(self) -> dict:
+        """The layer's arguments, the policy as a plain dict (JSON for `.keras` files)."""
         policy = dataclasses.asdict(self.policy)
         return {**super().get_config(), "policy": policy, "seed": self.seed}
 
     @classmethod
     def from_config(cls, config: dict) -> FusedAugmentation:
-        policy = dict(config.pop("policy"))
+        """The layer `get_config` describes; the caller's dict is left as it was."""
+        config = dict(config)
+        policy = dict(config["policy"])
         if policy.get("brightness") is not None:  # JSON turns the tuple into a list
             policy["brightness"] = tuple(policy["brightness"])
-        return cls(policy=AugmentPolicy(**policy), **config)
+        config["policy"] = AugmentPolicy(**policy)
+        return super().from_config(config)
 
 
 def _per_replica(seed: tf.Tensor) -> tf.Tensor:

@@ -119,7 +119,9 @@ def _load(model, model_file, weights: str, image_size: int | None):
             raise UsageError(f"--model-file {model_file}: no such file")
         import keras
 
-        import mdtrain.norm  # noqa: F401  (registers mdtrain's layers for loading)
+        # Register mdtrain's layers for loading: Keras imports only its own modules.
+        import mdtrain.augment_layer  # noqa: F401
+        import mdtrain.norm  # noqa: F401
 
         try:
             net = keras.models.load_model(model_file, compile=False)

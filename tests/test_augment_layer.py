@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import keras
@@ -12,6 +13,7 @@ from PIL import Image
 
 from mdtrain.augment import AugmentPolicy
 from mdtrain.augment_layer import FusedAugmentation
+from tests.conftest import run_mdtrain
 
 skimage_data = Path(pytest.importorskip("skimage").__file__).parent / "data"
 POLICY = AugmentPolicy(brightness=(0.8, 1.2), contrast=0.2)
@@ -102,3 +104,29 @@ def test_first_layer_of_a_model_trains_under_a_strategy_and_saves(tmp_path):
     # At inference the layer passes images through: the loaded model predicts the same.
     np.testing.assert_allclose(loaded.predict(photos, verbose=0),
                                model.predict(photos, verbose=0), atol=1e-6)  # fmt: skip
+
+
+def test_a_uint8_model_input_stays_uint8():
+    inputs = keras.Input((64, 64, 3), dtype="uint8")
+    model = keras.Model(inputs, FusedAugmentation(POLICY, seed=4)(inputs))
+    assert model.output.dtype == "uint8"
+    out = model(tf.constant(_photos()), training=True)
+    assert out.dtype == tf.uint8 and out.shape == (4, 64, 64, 3)
+
+
+def test_config_round_trip_leaves_the_config_as_it_was():
+    config = FusedAugmentation(POLICY, seed=7, name="augment").get_config()
+    kept = dict(config)
+    layer = FusedAugmentation.from_config(config)
+    assert config == kept
+    assert (layer.policy, layer.seed, layer.name) == (POLICY, 7, "augment")
+
+
+def test_mdtrain_predict_loads_a_model_that_holds_the_layer(tmp_path, tiny_dataset):
+    model = _model(32)
+    model.save(tmp_path / "model.keras")
+    proc = run_mdtrain("predict", str(tiny_dataset / "train" / "circle"),
+                       "--model-file", str(tmp_path / "model.keras"), "--json")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    predictions = json.loads(proc.stdout.strip().splitlines()[-1])["predictions"]
+    assert len(predictions) == 8 and all(p["top"] for p in predictions)

@@ -17,7 +17,7 @@ import pytest
 
 from mdtrain import launch as launch_mod
 from mdtrain.errors import UsageError
-from mdtrain.launch import free_ports, launch, run_workers, tf_config
+from mdtrain.launch import free_ports, kill_worker_when, launch, run_workers, tf_config
 
 FAKE = [sys.executable, str(Path(__file__).parent / "fixtures" / "fake_worker.py")]
 ROOT = Path(__file__).resolve().parents[1]
@@ -130,8 +130,10 @@ def test_launch_adds_multiworker_strategy(monkeypatch):
         "multiworker",
     ]
     assert (n, kw) == (2, {"restarts": 1, "log_dir": "x"})
-    launch(2, ["--strategy=multiworker"])
-    assert seen[1][0].count("--strategy=multiworker") == 1 and "--strategy" not in seen[1][0]
+    launch(2, ["--strategy=multiworker", "--epochs", "1"])
+    assert seen[1][0][-4:] == ["--epochs", "1", "--strategy", "multiworker"]
+    with pytest.raises(UsageError, match="--strategy mirrored"):  # argparse keeps the last
+        launch(2, ["--strategy", "multiworker", "--strategy", "mirrored"])
     with pytest.raises(UsageError, match="multiworker"):
         launch(2, ["--strategy", "mirrored"])
 
@@ -453,3 +455,18 @@ def test_cli_launch_ps_bad_strategy_is_one_line(tmp_path):
         "mdtrain: error: --strategy mirrored: launch --ps runs parameter-server training; "
         "drop --strategy"
     ]
+
+
+def test_kill_worker_when_kills_only_once_the_file_appears(tmp_path):
+    worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                              env=_env(MDTRAIN_WORKER_INDEX=0))  # fmt: skip
+    try:
+        kill_worker_when(tmp_path / "never-*", 0, timeout_s=0.3).join(timeout=10)
+        with pytest.raises(subprocess.TimeoutExpired):  # the drill timed out: the worker lives
+            worker.wait(timeout=1)
+        (tmp_path / "ckpt-1").write_text("")
+        kill_worker_when(tmp_path / "ckpt-*", 0, timeout_s=10).join(timeout=10)
+        assert worker.wait(timeout=10) == -signal.SIGKILL
+    finally:
+        worker.kill()
+        worker.wait()

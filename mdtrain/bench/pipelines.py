@@ -8,13 +8,22 @@ caches and warms the page cache; the repeats are interleaved.
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from mdtrain.bench.common import bench_data, check_positive, machine_info, write_result
 from mdtrain.bench.timing import Variant, measure, take_batches, whole_epochs
 from mdtrain.errors import UsageError
+
+if TYPE_CHECKING:  # TensorFlow is imported where it is used: `mdtrain bench --help` stays light
+    import keras
+    import tensorflow as tf
+
+    from mdtrain.augment import AugmentPolicy
+    from mdtrain.data import ImageList
 
 #: The augmentation of every augmented variant: ImageDataGenerator's flip, rotation ±20°,
 #: zoom ±15% and brightness_range (0.8, 1.2), plus contrast ±20% (Keras' RandomContrast;
@@ -85,14 +94,14 @@ IDG_BATCHES = 12
 AUGMENTATIONS = ("none", "keras-layers", "fused-op", "fused-xla")
 
 
-def bench_policy(**overrides):
+def bench_policy(**overrides) -> AugmentPolicy:
     """The `AugmentPolicy` of the benchmark (`BENCH_AUGMENT`), with `overrides`."""
     from mdtrain.augment import AugmentPolicy
 
     return AugmentPolicy(**{**BENCH_AUGMENT, **overrides})
 
 
-def keras_augmentation(policy, seed: int = 0):
+def keras_augmentation(policy: AugmentPolicy, seed: int = 0) -> keras.Sequential:
     """The policy as Keras preprocessing layers, as the TensorFlow tutorials write them.
 
     `RandomFlip("horizontal")`, `RandomRotation`, `RandomZoom` (fill "nearest"),
@@ -116,8 +125,13 @@ def keras_augmentation(policy, seed: int = 0):
 
 
 def keras_directory(
-    train_dir, image_size: int, batch_size: int, policy=None, seed: int = 0, fused: bool = False
-):
+    train_dir: str | os.PathLike,
+    image_size: int,
+    batch_size: int,
+    policy: AugmentPolicy | None = None,
+    seed: int = 0,
+    fused: bool = False,
+) -> tf.data.Dataset:
     """What Keras users write: `image_dataset_from_directory`, cache, shuffle, prefetch.
 
     As TensorFlow's image-classification tutorial writes it
@@ -157,7 +171,7 @@ def keras_directory(
 
 
 def tfdata_stage(
-    images,
+    images: ImageList,
     image_size: int,
     batch_size: int,
     *,
@@ -166,8 +180,8 @@ def tfdata_stage(
     prefetch: bool = True,
     augment: str = "fused-xla",
     seed: int = 0,
-    policy=None,
-):
+    policy: AugmentPolicy | None = None,
+) -> tf.data.Dataset:
     """A tf.data pipeline with each optimisation switched on or off, to measure it.
 
     Args:
@@ -296,7 +310,11 @@ STEP_BY_STEP = {
 
 
 def stage_benchmark(
-    images, image_size: int, batch_size: int, stages: dict | None = None, repeats: int = 1
+    images: ImageList,
+    image_size: int,
+    batch_size: int,
+    stages: dict | None = None,
+    repeats: int = 1,
 ) -> dict[str, float]:
     """Images per second of `tfdata_stage` configurations, whole epochs, in the order given.
 
@@ -321,13 +339,31 @@ def stage_benchmark(
     return {name: round(m["median"], 1) for name, m in measure(variants, repeats).items()}
 
 
-def distributed_rate(strategy, ds, batches: int) -> float:
-    """Images per second pulled through `strategy.experimental_distribute_dataset(ds)`."""
+def distributed_rate(strategy: tf.distribute.Strategy, ds: tf.data.Dataset, batches: int) -> float:
+    """Images per second pulled through `strategy.experimental_distribute_dataset(ds)`.
+
+    Args:
+        strategy: the strategy whose replicas get the batches.
+        ds: a dataset of `(images, labels)` global batches, at least `batches + 1`.
+        batches: batches timed, after one untimed (start-up).
+
+    Returns:
+        Images per second over the timed batches.
+
+    Raises:
+        UsageError: when `ds` ends before `batches + 1` batches.
+    """
     iterator = iter(strategy.experimental_distribute_dataset(ds))
-    next(iterator)  # start-up excluded
     start, n = time.perf_counter(), 0
-    for _ in range(batches):
-        labels = next(iterator)[1]
+    for i in range(batches + 1):
+        try:
+            labels = next(iterator)[1]
+        except StopIteration:
+            raise UsageError(f"the dataset ended after {i} batches; "
+                             f"{batches + 1} are needed") from None  # fmt: skip
+        if i == 0:  # start-up excluded
+            start = time.perf_counter()
+            continue
         n += sum(int(t.shape[0]) for t in strategy.experimental_local_results(labels))
     return n / (time.perf_counter() - start)
 

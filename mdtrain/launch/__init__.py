@@ -1,16 +1,25 @@
-"""Local multi-worker launcher for `tf.distribute.MultiWorkerMirroredStrategy`.
+"""Local launcher for multi-worker and parameter-server training.
 
 Starts N worker processes on one machine, each with its own `TF_CONFIG`, so the
 same `mdtrain train --strategy multiworker` that runs on a cluster can be tried
 and taught on a laptop. Output is prefixed with `[worker i] ` and kept in
 per-worker log files; a crashed worker stops the others and, if asked, the whole
-group is restarted; a hang is reported instead of waited on forever.
+group is restarted; a hang is reported instead of waited on forever. With
+parameter servers (`launch(..., num_ps=M)`, `run_ps_cluster`) it starts `ps`,
+`worker` and `chief` tasks instead, and the job ends with the chief.
+
+Modules: `addresses` (free ports, `TF_CONFIG`), `processes` (one group of
+processes: start, pump output, stop them all whatever happens), `workers`
+(`run_workers`, restarts, hang detection, `kill_worker_when`),
+`parameter_servers` (`run_ps_cluster`), `jobs` (`launch`, `launch_ps`: the CLI's
+`mdtrain launch`). Every public name imports from `mdtrain.launch`.
 
 Exit codes of `run_workers` and `launch`: the chief's (worker 0's) status when
 every worker ends on its own; the failing worker's status when a worker fails and
 no restarts are left (exit code 2, a usage error, is never restarted); 124 when
 workers appear stuck; 130 on Ctrl-C; 143 on SIGTERM. A process killed by signal N
-counts as 128 + N, as in a shell.
+counts as 128 + N, as in a shell. Of `run_ps_cluster`: the chief's status; a dead
+parameter server's (at least 1: its variables are lost); 124, 130 and 143 as above.
 
 Security: TensorFlow's gRPC servers are unauthenticated and unencrypted; anyone
 who can reach a worker's port can join or disrupt the job. The launcher puts only

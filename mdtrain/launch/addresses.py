@@ -92,11 +92,25 @@ def cluster_tf_config(cluster: dict[str, list[str]], task_type: str, index: int)
 
 
 def address(host: str, port: int) -> str:
+    """`host:port`, with an IPv6 host in brackets (`[::1]:2222`)."""
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def ps_cluster(num_workers: int, num_ps: int, host: str = "127.0.0.1") -> dict[str, list[str]]:
-    """A chief, `num_workers` workers and `num_ps` parameter servers on free ports of `host`."""
+    """A chief, `num_workers` workers and `num_ps` parameter servers on free ports of `host`.
+
+    Args:
+        num_workers: workers in the cluster.
+        num_ps: parameter servers in the cluster.
+        host: the address every task uses. Defaults to `"127.0.0.1"`.
+
+    Returns:
+        `{"chief": [address], "worker": [...], "ps": [...]}`, for `cluster_tf_config`.
+
+    Example:
+        >>> sorted(len(v) for v in ps_cluster(2, 1).values())
+        [1, 1, 2]
+    """
     ports = free_ports(1 + num_workers + num_ps, host)
     addresses = [address(host, p) for p in ports]
     return {

@@ -9,13 +9,23 @@ from mdtrain.launch.parameter_servers import run_ps_cluster
 from mdtrain.launch.workers import run_workers
 
 
-def strategy_arg(train_args: list[str]) -> str | None:
-    for i, arg in enumerate(train_args):
+def _without_strategy(train_args: list[str], wanted: str, why: str) -> list[str]:
+    """`train_args` without their `--strategy` options, each of which must be `wanted`.
+
+    Every occurrence is checked, not the first only: argparse keeps the last.
+    """
+    rest, args = [], iter(train_args)
+    for arg in args:
         if arg == "--strategy":
-            return train_args[i + 1] if i + 1 < len(train_args) else ""
-        if arg.startswith("--strategy="):
-            return arg.split("=", 1)[1]
-    return None
+            value = next(args, "")
+        elif arg.startswith("--strategy="):
+            value = arg.split("=", 1)[1]
+        else:
+            rest.append(arg)
+            continue
+        if value != wanted:
+            raise UsageError(f"--strategy {value}: {why}")
+    return rest
 
 
 def launch(
@@ -35,11 +45,11 @@ def launch(
         restarts: How many times to restart all workers after one fails.
             Defaults to `0`.
         num_ps: Parameter servers; more than 0 runs `launch_ps`. Defaults to `0`.
-        **kwargs: Passed to `run_workers` (`host`, `log_dir`,
-            `hang_timeout_s`, `env`, `stream`).
+        **kwargs: Passed to `run_workers` or `run_ps_cluster` (`host`,
+            `log_dir`, `hang_timeout_s`, `env`, `stream`, `gpus_per_worker`).
 
     Returns:
-        The exit status of `run_workers`.
+        The exit status of `run_workers` (of `launch_ps` with `num_ps`).
 
     Raises:
         UsageError: If `train_args` asks for another strategy, or for the
@@ -53,15 +63,9 @@ def launch(
             raise UsageError("--restarts with --ps: a parameter-server job outlives a lost worker; "
                              "drop --restarts")  # fmt: skip
         return launch_ps(num_workers, num_ps, train_args, **kwargs)
-    strategy = strategy_arg(train_args)
-    command = [sys.executable, "-m", "mdtrain", "train", *train_args]
-    if strategy is None:
-        command += ["--strategy", "multiworker"]
-    elif strategy != "multiworker":
-        raise UsageError(
-            f"--strategy {strategy}: launch runs multi-worker training; "
-            "drop --strategy or pass --strategy multiworker"
-        )
+    why = "launch runs multi-worker training; drop --strategy or pass --strategy multiworker"
+    train_args = _without_strategy(train_args, "multiworker", why)
+    command = [sys.executable, "-m", "mdtrain", "train", *train_args, "--strategy", "multiworker"]
     return run_workers(command, num_workers, restarts=restarts, **kwargs)
 
 
@@ -77,7 +81,7 @@ def launch_ps(num_workers: int, num_ps: int, train_args: list[str], **kwargs) ->
         num_ps: parameter servers, at least 1.
         train_args: `mdtrain train` arguments (plus `mdtrain.ps`'s `--log-every`).
         **kwargs: passed to `run_ps_cluster` (`host`, `log_dir`,
-            `hang_timeout_s`, `env`, `stream`).
+            `hang_timeout_s`, `env`, `stream`, `gpus_per_worker`).
 
     Returns:
         The exit status of `run_ps_cluster`.
@@ -85,13 +89,9 @@ def launch_ps(num_workers: int, num_ps: int, train_args: list[str], **kwargs) ->
     Raises:
         UsageError: if `train_args` asks for a strategy other than `ps`.
     """
-    strategy = strategy_arg(train_args)
-    if strategy not in (None, "ps"):
-        raise UsageError(f"--strategy {strategy}: launch --ps runs parameter-server training; "
-                         "drop --strategy")  # fmt: skip
-    if strategy is not None:  # `ps` is what the chief runs anyway
-        at = next(i for i, a in enumerate(train_args) if a.startswith("--strategy"))
-        train_args = train_args[:at] + train_args[at + (1 if "=" in train_args[at] else 2) :]
+    # `ps` is what the chief runs anyway: the option goes.
+    why = "launch --ps runs parameter-server training; drop --strategy"
+    train_args = _without_strategy(train_args, "ps", why)
     chief = [sys.executable, "-m", "mdtrain.ps", "chief", *train_args]
     server = [sys.executable, "-m", "mdtrain.ps", "serve"]
     return run_ps_cluster(chief, server, num_workers, num_ps, **kwargs)

@@ -10,7 +10,15 @@ from typing import TextIO
 from mdtrain.errors import UsageError
 from mdtrain.gpus import assign_gpus, visible_gpus
 from mdtrain.launch.addresses import cluster_tf_config, ps_cluster
-from mdtrain.launch.processes import HANG_EXIT_CODE, POLL_S, Job, Tasks, exit_status, stop
+from mdtrain.launch.processes import (
+    HANG_EXIT_CODE,
+    POLL_S,
+    Job,
+    Tasks,
+    check_hang_timeout,
+    exit_status,
+    stop,
+)
 
 
 def run_ps_cluster(
@@ -52,18 +60,21 @@ def run_ps_cluster(
             the chief get none. Defaults to None: the visible GPUs split evenly.
 
     Returns:
-        The chief's exit status; a dead ps's; 124 when stuck; 130 on Ctrl-C.
+        The chief's exit status; a dead ps's (at least 1); 124 when stuck;
+        130 on Ctrl-C; 143 on SIGTERM.
 
     Raises:
-        UsageError: for fewer than 1 worker or ps, or a command that cannot start.
+        UsageError: for fewer than 1 worker or ps, `hang_timeout_s <= 0`, too
+            few GPUs, or a command that cannot start.
 
     Example:
         >>> run_ps_cluster(["python", "chief.py"], ["python", "serve.py"], 2, 1)  # doctest: +SKIP
     """
     if num_workers < 1 or num_ps < 1:
         raise UsageError(f"--workers {num_workers} --ps {num_ps}: pass at least 1 of each")
-    job = Job(log_dir, stream)
+    check_hang_timeout(hang_timeout_s)
     gpus = assign_gpus(visible_gpus(env), num_workers, gpus_per_worker)
+    job = Job(log_dir, stream)  # after the checks: a usage error leaves no log folder behind
     cluster = ps_cluster(num_workers, num_ps, host)
     job.say(f"{num_ps} ps, {num_workers} workers and a chief on {host}; logs in {job.log_dir}")
     base_env = dict(os.environ if env is None else env)

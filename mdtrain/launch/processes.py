@@ -34,10 +34,17 @@ class _Terminated(Exception):  # raised in the main thread when the launcher get
 
 
 def exit_status(returncode: int) -> int:
+    """A `Popen.returncode` as a shell reports it: killed by signal N is 128 + N."""
     return 128 - returncode if returncode < 0 else returncode
 
 
-def child_setup():
+def check_hang_timeout(hang_timeout_s: float | None) -> None:
+    """Raises `UsageError` unless the hang timeout is None or a positive number of seconds."""
+    if hang_timeout_s is not None and hang_timeout_s <= 0:
+        raise UsageError(f"hang timeout {hang_timeout_s}: pass a positive number of seconds")
+
+
+def child_setup() -> Callable[[], None] | None:
     """Returns a preexec_fn that makes the child die with the launcher (Linux only)."""
     if not sys.platform.startswith("linux"):
         return None
@@ -64,7 +71,7 @@ def _signal_groups(procs: list[subprocess.Popen], sig: int) -> None:
 
 
 def stop(procs: list[subprocess.Popen], grace_s: float = _GRACE_S) -> None:
-    """SIGTERM every worker's process group, then SIGKILL what is left after `grace_s`."""
+    """SIGTERM every task's process group, then SIGKILL what is left after `grace_s`."""
     _signal_groups([p for p in procs if p.poll() is None], signal.SIGTERM)
     deadline = time.monotonic() + grace_s
     while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
@@ -121,6 +128,7 @@ class Tasks:
         self._preexec = child_setup()
 
     def spawn(self, command: list[str], env: dict[str, str], label: str, header: str = "") -> None:
+        """Starts `command` as the task `label`, its log file opened with `header` first."""
         log = open(self.job.log_dir / f"{label.replace(' ', '-')}.log", "a", encoding="utf-8")
         log.write(header)
         log.flush()
@@ -142,6 +150,7 @@ class Tasks:
         self._logs.append(log)
 
     def start_pumps(self) -> None:
+        """Starts copying every task's output; call once, after the last `spawn`."""
         # Threads only after every fork: preexec_fn is unsafe while other threads run.
         for proc, log, label in zip(self.procs, self._logs, self.labels, strict=True):
             thread = threading.Thread(target=self._pump, args=(proc, log, label), daemon=True)
@@ -160,9 +169,20 @@ class Tasks:
             proc.stdout.close()
 
     def join(self) -> None:
+        """Waits (briefly) for the pumps to copy the tasks' last lines."""
         # A grandchild that escaped the group could hold the pipe open; do not wait on it.
         for thread in self._threads:
             thread.join(timeout=_GRACE_S)
+
+    def release(self) -> None:
+        """Reaps every task, and closes the pipes and logs no pump took over."""
+        if not self._threads:  # a start that failed half-way: nothing was pumped
+            for proc, log in zip(self.procs, self._logs, strict=True):
+                proc.stdout.close()
+                log.close()
+        for proc in self.procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=_GRACE_S)
 
 
 class Job:
@@ -177,14 +197,17 @@ class Job:
         self.tasks = Tasks(self)
 
     def write(self, label: str, line: str) -> None:
+        """Writes `[label] line` to the job's stream, one whole line at a time."""
         with self.lock:
             self.stream.write(f"[{label}] {line}\n")
             self.stream.flush()
 
     def say(self, message: str) -> None:
+        """A line from the launcher itself, `[launch] message`."""
         self.write("launch", message)
 
     def new_tasks(self) -> Tasks:
+        """A fresh group of tasks (a new attempt); the job stops these on the way out."""
         self.tasks = Tasks(self)
         return self.tasks
 
@@ -202,6 +225,7 @@ class Job:
                 return self._stop_all("terminated", noun, 143)
             finally:  # whatever happened, nothing of ours outlives us; a half start included
                 _signal_groups(self.tasks.procs, signal.SIGKILL)
+                self.tasks.release()
 
     def _stop_all(self, why: str, noun: str | None, status: int) -> int:
         if noun:

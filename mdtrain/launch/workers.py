@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import glob
 import json
 import os
 import signal
@@ -13,7 +14,15 @@ from typing import TextIO
 from mdtrain.errors import UsageError
 from mdtrain.gpus import assign_gpus, visible_gpus
 from mdtrain.launch.addresses import address, free_ports, tf_config
-from mdtrain.launch.processes import HANG_EXIT_CODE, POLL_S, Job, Tasks, exit_status, stop
+from mdtrain.launch.processes import (
+    HANG_EXIT_CODE,
+    POLL_S,
+    Job,
+    Tasks,
+    check_hang_timeout,
+    exit_status,
+    stop,
+)
 
 USAGE_EXIT_CODE = 2
 
@@ -25,8 +34,7 @@ def _check_worker_args(command: list[str], num_workers: int, restarts: int, hang
         raise UsageError(f"--workers {num_workers}: pass 1 or more workers")
     if restarts < 0:
         raise UsageError(f"--restarts {restarts}: pass 0 or more restarts")
-    if hang_timeout_s is not None and hang_timeout_s <= 0:
-        raise UsageError(f"hang timeout {hang_timeout_s}: pass a positive number of seconds")
+    check_hang_timeout(hang_timeout_s)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,7 +98,7 @@ def run_workers(
     go to `stream` as `[worker i] ...` and are appended to `log_dir/worker-i.log`
     under a `=== attempt k ===` header. A worker that exits non-zero stops the
     others; while restarts are left all start again on fresh ports, and resuming
-    is the command's job (`--backup-dir`). See the module docstring for exit
+    is the command's job (`--backup-dir`). See `mdtrain.launch`'s docstring for exit
     codes and why `host` must stay on loopback or a trusted network.
 
     Args:
@@ -191,7 +199,9 @@ def _why_stuck(tasks: Tasks, running, first_done, now: float, hang_timeout_s) ->
     return None
 
 
-def kill_worker_when(pattern: str | os.PathLike, index: int, timeout_s: float = 600.0):
+def kill_worker_when(
+    pattern: str | os.PathLike, index: int, timeout_s: float = 600.0
+) -> threading.Thread:
     """Kills worker `index` with SIGKILL once a file matching `pattern` exists (a fault drill).
 
     For demonstrating and testing `--restarts` with `--backup-dir`: call it just
@@ -206,13 +216,13 @@ def kill_worker_when(pattern: str | os.PathLike, index: int, timeout_s: float = 
     Returns:
         The watching daemon thread.
     """
-    import glob
-
     import psutil
 
     def watch() -> None:
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline and not glob.glob(str(pattern)):
+        while not glob.glob(str(pattern)):
+            if time.monotonic() > deadline:
+                return  # the drill never came: a later job's worker must not pay for it
             time.sleep(POLL_S)
         for child in psutil.Process().children():
             try:

@@ -36,10 +36,15 @@ def benchmark_bars(
     Returns:
         The figure: one bar per configuration, labelled with its value.
 
+    Raises:
+        ValueError: for an `order` other than `"value"` or `"given"`.
+
     Example:
 
     >>> fig = benchmark_bars({"a": 100.0, "b": 5000.0}, order="given")  # doctest: +SKIP
     """
+    if order not in ("value", "given"):
+        raise ValueError(f"order {order!r}: expected 'value' or 'given'")
     items = list(results.items())
     items = sorted(items, key=lambda kv: kv[1]) if order == "value" else items[::-1]
     names = [k for k, _ in items]

@@ -81,15 +81,10 @@ def in_process_cluster(
     Returns:
         A cluster resolver for `tf.distribute.ParameterServerStrategy`.
     """
-    from mdtrain.launch import free_ports
+    from mdtrain.launch import ps_cluster
 
-    ports = free_ports(num_workers + num_ps)
-    spec = tf.train.ClusterSpec(
-        {
-            "worker": [f"127.0.0.1:{p}" for p in ports[:num_workers]],
-            "ps": [f"127.0.0.1:{p}" for p in ports[num_workers:]],
-        }
-    )
+    cluster = ps_cluster(num_workers, num_ps)  # free loopback ports; its chief is this process
+    spec = tf.train.ClusterSpec({"worker": cluster["worker"], "ps": cluster["ps"]})
     config = server_config()
     if inter_op_threads is not None:
         config.inter_op_parallelism_threads = inter_op_threads
