@@ -130,3 +130,22 @@ def test_mdtrain_predict_loads_a_model_that_holds_the_layer(tmp_path, tiny_datas
     assert proc.returncode == 0, proc.stderr
     predictions = json.loads(proc.stdout.strip().splitlines()[-1])["predictions"]
     assert len(predictions) == 8 and all(p["top"] for p in predictions)
+
+
+def test_under_mixed_float16_on_replicas_it_augments_in_float16_and_trains():
+    previous = keras.mixed_precision.dtype_policy()
+    keras.mixed_precision.set_dtype_policy("mixed_float16")  # what mdtrain picks on a GPU
+    try:
+        strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+        with strategy.scope():
+            model = _model(32)
+            model.compile("sgd", "sparse_categorical_crossentropy")
+        history = model.fit(_photos(32).astype(np.float32), np.array([0, 1, 0, 1]),
+                            batch_size=4, epochs=1, verbose=0)  # fmt: skip
+        layer = model.layers[0]
+        out = layer(tf.constant(_photos(32), tf.float16))
+    finally:
+        keras.mixed_precision.set_dtype_policy(previous)
+    assert layer.compute_dtype == "float16" and out.dtype == tf.float16
+    assert np.isfinite(history.history["loss"]).all()
+    assert np.isfinite(out.numpy()).all() and not np.array_equal(out.numpy(), _photos(32))
