@@ -40,8 +40,8 @@ def launch(
 
     Args:
         num_workers: How many workers to start. Must be at least 1.
-        train_args: Arguments for `mdtrain train`; `--strategy multiworker`
-            is added unless already there.
+        train_args: Arguments for `mdtrain train`; a `--strategy` among them
+            must be `multiworker`, and `--strategy multiworker` is appended.
         restarts: How many times to restart all workers after one fails.
             Defaults to `0`.
         num_ps: Parameter servers; more than 0 runs `launch_ps`. Defaults to `0`.
