@@ -215,6 +215,38 @@ class ExactTrainer(BuildWithoutSampleBatch, keras.Model):
 
     def train_step(self, data):
         """One replica's step; returns the global example count of the step."""
+        global_count, outputs = self._descend(data)
+        self._update_metrics(*outputs)
+        return global_count
+
+    def train_step_sums(self, data):
+        """One replica's step that returns its metric sums instead of updating the metrics.
+
+        Parameter-server training schedules this one: there the metrics'
+        variables would live on the parameter servers, and Keras 3 updates a
+        variable by reading it and writing the sum back, so two workers'
+        updates could interleave and one be lost. Summed on the coordinator
+        from each step's own result, the loss curve is exact.
+
+        Returns:
+            A float32 vector: the step's summed (class-weighted) loss, its
+            number of correct predictions, and its number of examples.
+        """
+        _, (labels, probabilities, losses, weights) = self._descend(data)
+        weights = tf.cast(weights, tf.float32)
+        predicted = tf.argmax(probabilities, axis=-1, output_type=tf.int32)
+        correct = tf.cast(predicted == tf.cast(labels, tf.int32), tf.float32)
+        return tf.stack(
+            [
+                tf.reduce_sum(tf.cast(losses, tf.float32) * weights),
+                tf.reduce_sum(correct * weights),
+                tf.reduce_sum(weights),
+            ]
+        )
+
+    def _descend(self, data):
+        """Applies one replica's gradients; returns the global example count and
+        `(labels, probabilities, losses, weights)` for the metrics."""
         images, labels, weights, count = pad_empty_slice(*data)
         global_count = global_example_count(count)
         with tf.GradientTape() as tape, example_weights(weights):
@@ -227,8 +259,7 @@ class ExactTrainer(BuildWithoutSampleBatch, keras.Model):
         variables = self.net.trainable_variables
         gradients = tape.gradient(scaled, variables)
         self.optimizer.apply(gradients, variables)  # all-reduces (sums) across replicas
-        self._update_metrics(labels, probabilities, losses, weights)
-        return global_count
+        return global_count, (labels, probabilities, losses, weights)
 
     def train_one_step(self, iterator) -> StepStats:
         """Fetches one distributed batch from `iterator` and trains on it.

@@ -61,6 +61,50 @@ def test_chief_bad_input_is_one_line_and_exit_2():
     )
 
 
+# Two workers and a ps in a fresh process, training at learning rate 0 on one fixed batch:
+# every step's loss is the same, so every point of the curve must be that loss exactly.
+_EXACT_CURVE = """
+import json
+import keras, numpy as np, tensorflow as tf
+from mdtrain.loop import ExactTrainer
+from mdtrain.ps import coordinator, in_process_cluster, train_steps
+
+strategy, coord = coordinator(in_process_cluster(2, 1))
+rng = np.random.default_rng(0)
+images = rng.random((16, 6, 6, 3), dtype=np.float32)
+labels = rng.integers(0, 3, 16).astype(np.int32)
+with strategy.scope():
+    net = keras.Sequential([keras.Input((6, 6, 3)), keras.layers.Flatten(),
+                            keras.layers.Dense(3, activation="softmax")])
+    trainer = ExactTrainer(net)
+    trainer.compile(optimizer=keras.optimizers.SGD(0.0))
+batches = lambda: tf.data.Dataset.from_tensors((images, labels)).repeat()
+history = train_steps(strategy, coord, trainer, batches, 60, log_every=20)
+probabilities = net(images).numpy()
+print(json.dumps({"loss": history.loss, "accuracy": history.accuracy,
+                  "completed": history.completed,
+                  "expected_loss": float(keras.losses.sparse_categorical_crossentropy(
+                      labels, probabilities).numpy().mean()),
+                  "expected_accuracy": float((probabilities.argmax(-1) == labels).mean())}))
+"""
+
+
+@pytest.mark.slow
+def test_loss_curve_is_each_steps_own_loss_with_two_workers_racing():
+    done = subprocess.run(
+        [sys.executable, "-c", _EXACT_CURVE],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["completed"] == 60
+    assert result["loss"] == pytest.approx([result["expected_loss"]] * 3, rel=1e-6)
+    assert result["accuracy"] == pytest.approx([result["expected_accuracy"]] * 3, abs=1e-9)
+
+
 def _train_args(data, epochs: int, learning_rate: float = 0.01) -> list[str]:
     return [
         "--data",
@@ -119,7 +163,6 @@ def test_cli_launch_ps_trains_and_writes_outputs(tiny_dataset, tmp_path):
     assert summary["loss"] == report["loss"]
     assert (out / "model.keras").stat().st_size > 0
     # It learns: the mean loss of the last block of steps (10, 10, 4) is below the first's.
-    # Workers' metric updates on the ps can interleave and be lost, so the curve is
-    # approximate, and the saved model's moving BatchNorm statistics have moved only
-    # 1 - 0.99**24 = 21% of the way after 24 steps: its predictions cannot show it yet.
+    # (The saved model's moving BatchNorm statistics have moved only 1 - 0.99**24 = 21% of
+    # the way after 24 steps: its predictions cannot show it yet.)
     assert report["loss"][-1] < report["loss"][0], report["loss"]

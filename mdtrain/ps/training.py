@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 from mdtrain.errors import UsageError
@@ -29,8 +30,8 @@ class PSHistory:
     """What an asynchronous run did, one entry per block of `log_every` steps."""
 
     steps: list[int] = field(default_factory=list)  # steps done at the end of each block
-    loss: list[float] = field(default_factory=list)  # mean training loss within the block
-    accuracy: list[float] = field(default_factory=list)
+    loss: list[float] = field(default_factory=list)  # mean training loss of the block's steps
+    accuracy: list[float] = field(default_factory=list)  # and their training accuracy
     seconds: list[float] = field(default_factory=list)  # since the first step was scheduled
     scheduled: int = 0
     completed: int = 0
@@ -58,13 +59,13 @@ def train_steps(
 ) -> PSHistory:
     """Schedules `num_steps` asynchronous training steps and waits for them.
 
-    Each step is `trainer.train_step` on the next batch of the worker that
-    runs it. Every `log_every` steps the coordinator waits for all scheduled
-    steps (`join`), reads the training metrics, which live on the parameter
-    servers, and resets them: one point of the loss curve. Keras 3 updates a
-    variable by reading it and writing the sum back (`assign_add`), so two
-    workers' metric or optimizer updates can interleave and one be lost:
-    the curve is approximate (an accuracy above 1 has been seen).
+    Each step is `trainer.train_step_sums` on the next batch of the worker
+    that runs it: the exact step, returning its own loss and accuracy sums.
+    Every `log_every` steps the coordinator waits for all scheduled steps
+    (`join`) and adds up their sums: one point of the loss curve, exact for
+    the steps it covers. (Keras metrics would live on the parameter servers,
+    where two workers' read-modify-write updates can interleave and one be
+    lost.)
 
     Args:
         strategy: a `ParameterServerStrategy`.
@@ -86,23 +87,21 @@ def train_steps(
 
     @tf.function
     def step(it):
-        strategy.run(trainer.train_step, args=(next(it),))
+        return strategy.run(trainer.train_step_sums, args=(next(it),))
 
     history, start = PSHistory(), time.perf_counter()
-    trainer.reset_metrics()
     while history.scheduled < num_steps:
         block = min(log_every, num_steps - history.scheduled)
         remote = [coord.schedule(step, args=(iterator,)) for _ in range(block)]
         history.scheduled += block
         coord.join()  # raises if a step failed for a reason other than a lost worker
-        for r in remote:
-            r.fetch()  # raises if this step failed; a lost worker's steps were rerun elsewhere
+        # fetch() raises if this step failed; a lost worker's steps were rerun elsewhere.
+        loss_sum, correct, examples = np.sum([r.fetch() for r in remote], axis=0)
         history.completed += block
         history.steps.append(history.completed)
-        history.loss.append(float(trainer.loss_tracker.result()))
-        history.accuracy.append(float(trainer.accuracy_metric.result()))
+        history.loss.append(float(loss_sum / examples))
+        history.accuracy.append(float(correct / examples))
         history.seconds.append(time.perf_counter() - start)
-        trainer.reset_metrics()
         if on_block is not None:
             on_block(history)
     return history
