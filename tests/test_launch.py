@@ -197,7 +197,8 @@ def test_crash_without_restarts_fails(tmp_path):
 
 
 def test_crash_on_first_attempt_is_restarted(tmp_path):
-    env = _env(FAKE_CRASH=f"1:{tmp_path}", FAKE_SLEEP="0:1")
+    # Worker 0 outlives worker 1's crash even if worker 1 starts seconds late.
+    env = _env(FAKE_CRASH=f"1:{tmp_path}", FAKE_SLEEP="0:5")
     code, out = _run(2, tmp_path, env=env, restarts=1)
     assert code == 0, out
     assert "worker 1 exited with code -9; stopping the others; restart 1 of 1" in out
@@ -213,7 +214,7 @@ def test_hang_after_one_worker_finishes_is_reported(tmp_path):
     pids.mkdir()
     env = _env(FAKE_SLEEP="1:inf", FAKE_PIDS=pids)
     start = time.monotonic()
-    code, out = _run(2, tmp_path, env=env, hang_timeout_s=1.0)
+    code, out = _run(2, tmp_path, env=env, hang_timeout_s=3.0)  # 3 s: both start and print
     assert code == 124
     assert "workers 1 appear stuck (probably waiting in a collective" in out
     assert time.monotonic() - start < 15
@@ -379,6 +380,7 @@ ROLE_TASK = [
     print(f"{role}={index} cluster={json.dumps(config['cluster'], sort_keys=True)}", flush=True)
     code = os.environ.get("ROLE_EXIT_" + f"{role}_{index}".upper())
     if code is not None:
+        time.sleep(float(os.environ.get("ROLE_EXIT_DELAY", "0")))
         sys.exit(int(code))
     time.sleep(float(os.environ.get("ROLE_SLEEP", "600")) if role == "chief" else 600)
 """),
@@ -408,7 +410,8 @@ def test_cluster_tf_config_roles():
 
 
 def test_ps_job_gives_every_role_its_tf_config_and_ends_with_the_chief(tmp_path):
-    code, out = _run_roles(tmp_path, ROLE_SLEEP="1", ROLE_EXIT_CHIEF_0="7")
+    # The chief exits after a second: time for every server to print before it is stopped.
+    code, out = _run_roles(tmp_path, ROLE_EXIT_DELAY="1", ROLE_EXIT_CHIEF_0="7")
     assert code == 7, out
     clusters = {m.group(2) for m in re.finditer(r"\] (\w+=\d) cluster=(.*)", out)}
     assert len(clusters) == 1, out  # one cluster, seen by every task
@@ -421,7 +424,7 @@ def test_ps_job_gives_every_role_its_tf_config_and_ends_with_the_chief(tmp_path)
 
 def test_ps_job_outlives_a_worker_but_not_a_ps(tmp_path):
     # The chief ends on its own (0) after a worker has died: the job goes on without it.
-    code, out = _run_roles(tmp_path / "a", ROLE_SLEEP="3", ROLE_EXIT_WORKER_1="1")
+    code, out = _run_roles(tmp_path / "a", ROLE_SLEEP="5", ROLE_EXIT_WORKER_1="1")
     assert code == 0, out
     assert "worker 1 exited with code 1; the chief reruns its steps on the others" in out
     # A parameter server holds variables: losing it ends the job at once, with its status.

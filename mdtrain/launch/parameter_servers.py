@@ -86,7 +86,9 @@ def run_ps_cluster(
             task_env = _ps_task_env(base_env, cluster, role, index, gpus)
             tasks.spawn(command, task_env, "chief" if role == "chief" else f"{role} {index}")
         tasks.start_pumps()
-        return _watch_ps(tasks, num_ps, hang_timeout_s, job.say)
+        status = _watch_ps(tasks, num_ps, hang_timeout_s, job.say)
+        tasks.join()  # every task's last lines are copied before we return
+        return status
 
     return job.run(start_and_watch)
 
@@ -113,6 +115,7 @@ def _watch_ps(tasks: Tasks, num_ps: int, hang_timeout_s, say) -> int:
     while True:
         codes = [p.poll() for p in procs]
         if codes[-1] is not None:
+            tasks.join(len(procs) - 1)  # its last lines (its summary) first, then ours
             say(f"the chief exited with code {codes[-1]}; stopping the servers")
             stop(procs)
             return exit_status(codes[-1])

@@ -168,10 +168,10 @@ class Tasks:
                     self.job.write(label, line)
             proc.stdout.close()
 
-    def join(self) -> None:
-        """Waits (briefly) for the pumps to copy the tasks' last lines."""
+    def join(self, index: int | None = None) -> None:
+        """Waits (briefly) for the pumps to copy the last lines of task `index`, or of all."""
         # A grandchild that escaped the group could hold the pipe open; do not wait on it.
-        for thread in self._threads:
+        for thread in self._threads if index is None else self._threads[index : index + 1]:
             thread.join(timeout=_GRACE_S)
 
     def release(self) -> None:
