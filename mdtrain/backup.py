@@ -15,10 +15,14 @@ Layout of `backup_dir` (one folder per save, the newest two kept):
         state.npz        optimizer variables and dropout seed-generator states
         MANIFEST.json    position, run fingerprint, SHA-256 of the files above
 
-A save is written to a `tmp-*` folder, the manifest last, then renamed into
-place, so a process killed mid-save leaves a `tmp-*` folder that is never
-loaded. On resume the newest `ckpt-*` folder is verified file by file; a
-mismatch is an error (`UsageError`), never a silent fall-back.
+A save is written to a `mdtrain-tmp-*` folder, the manifest last, then
+renamed into place, so a process killed mid-save leaves a `mdtrain-tmp-*`
+folder that is never loaded. On resume the newest `ckpt-*` folder is verified
+file by file; a mismatch is an error (`UsageError`), never a silent fall-back.
+The manifest also keeps the per-epoch history so far, so a resumed run
+reports every epoch. mdtrain removes only folders it could have written
+(named as above, holding nothing but its three files): other files in
+`backup_dir` are the user's.
 
 Under multi-worker training only the chief writes; every worker restores from
 the same folder, which must therefore be on a filesystem all workers share.
@@ -43,6 +47,7 @@ from mdtrain.plan import Position
 
 NET_FILE, STATE_FILE, MANIFEST_FILE = "net.weights.h5", "state.npz", "MANIFEST.json"
 _CKPT = re.compile(r"^ckpt-(\d{5})-(\d{6})$")
+_TMP_PREFIX = "mdtrain-tmp-"
 _KEEP = 2
 
 
@@ -55,6 +60,7 @@ class ResumePoint:
     phase: int = 0
     path: Path | None = None
     fingerprint: dict = field(default_factory=dict)
+    history: list[dict[str, float]] = field(default_factory=list)  # epochs done, one row each
 
     @property
     def position(self) -> Position:
@@ -98,8 +104,7 @@ def find_resume_point(
         >>> find_resume_point("/nonexistent").epoch
         0
     """
-    root = Path(backup_dir)
-    ckpts = sorted(p for p in root.glob("ckpt-*") if _CKPT.match(p.name)) if root.is_dir() else []
+    ckpts = _backups(backup_dir)
     if not ckpts:
         return ResumePoint()
     ckpt = ckpts[-1]
@@ -112,6 +117,7 @@ def find_resume_point(
             int(manifest.get("phase", 0)),
             ckpt,
             manifest.get("fingerprint", {}),
+            list(manifest.get("history", [])),
         )
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise _corrupt(
@@ -125,9 +131,11 @@ def find_resume_point(
             raise _corrupt(backup_dir, ckpt, f"{name} fails its SHA-256 checksum")
     if fingerprint is not None and point.fingerprint != fingerprint:
         changed = sorted(k for k in fingerprint if point.fingerprint.get(k) != fingerprint[k])
+        cache = "disk" if point.fingerprint.get("disk_cache") else "memory"
+        hint = f" with --cache {cache} (auto goes by free memory)" * ("disk_cache" in changed)
         raise UsageError(
             f"--backup-dir {backup_dir}: the backup was made by a run with other settings "
-            f"({', '.join(changed) or 'fingerprint'} differ); use the same command, or "
+            f"({', '.join(changed) or 'fingerprint'} differ); use the same command{hint}, or "
             "another --backup-dir"
         )
     return point
@@ -244,7 +252,7 @@ def save(backup_dir: str | os.PathLike, trainer, point: ResumePoint) -> Path:
     """
     root = Path(backup_dir)
     root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix="tmp-", dir=root))
+    tmp = Path(tempfile.mkdtemp(prefix=_TMP_PREFIX, dir=root))
     trainer.net.save_weights(tmp / NET_FILE)
     seeds = [np.asarray(v.numpy()) for v in _rng_state(trainer.net)]
     optimizer = [np.asarray(v.numpy()) for v in trainer.optimizer.variables]
@@ -257,6 +265,7 @@ def save(backup_dir: str | os.PathLike, trainer, point: ResumePoint) -> Path:
         "step": point.step,
         "phase": point.phase,
         "fingerprint": point.fingerprint,
+        "history": point.history,
         "files": files,
     }
     with open(tmp / MANIFEST_FILE, "w") as f:  # written last: its presence means complete
@@ -267,21 +276,47 @@ def save(backup_dir: str | os.PathLike, trainer, point: ResumePoint) -> Path:
         with open(tmp / name, "rb") as f:
             os.fsync(f.fileno())
     final = root / f"ckpt-{point.epoch:05d}-{point.step:06d}"
+    if final.exists() and not _ours(final):
+        shutil.rmtree(tmp)
+        raise UsageError(
+            f"--backup-dir {backup_dir}: {final.name} holds files that are not "
+            "an mdtrain backup; nothing was overwritten: use another --backup-dir"
+        )
     if final.exists():  # the same position saved again (a resumed run): replace it
         shutil.rmtree(final)
     os.rename(tmp, final)
-    for old in sorted(p for p in root.glob("ckpt-*") if _CKPT.match(p.name))[:-_KEEP]:
+    for old in _backups(root)[:-_KEEP]:
         shutil.rmtree(old, ignore_errors=True)
     return final
 
 
-def remove_unfinished(backup_dir: str | os.PathLike) -> list[str]:
-    """Deletes `tmp-*` folders left by a process killed while saving; returns their names."""
+def _ours(folder: Path) -> bool:
+    """Whether mdtrain could have written `folder`: it holds nothing but a backup's files."""
+    names = {p.name for p in folder.iterdir()} if folder.is_dir() else {"?"}
+    return names <= {NET_FILE, STATE_FILE, MANIFEST_FILE}
+
+
+def _backups(backup_dir: str | os.PathLike) -> list[Path]:
+    """mdtrain's complete or partial backups in `backup_dir`, oldest first."""
     root = Path(backup_dir)
-    gone = sorted(p.name for p in root.glob("tmp-*")) if root.is_dir() else []
-    for name in gone:
-        shutil.rmtree(root / name, ignore_errors=True)
-    return gone
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.glob("ckpt-*") if _CKPT.match(p.name) and _ours(p))
+
+
+def _unfinished(backup_dir: str | os.PathLike) -> list[Path]:
+    root = Path(backup_dir)
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.glob(_TMP_PREFIX + "*") if _ours(p))
+
+
+def remove_unfinished(backup_dir: str | os.PathLike) -> list[str]:
+    """Deletes the saves a killed process left unfinished; returns their names."""
+    gone = _unfinished(backup_dir)
+    for path in gone:
+        shutil.rmtree(path, ignore_errors=True)
+    return [path.name for path in gone]
 
 
 def remove_backups(backup_dir: str | os.PathLike) -> None:
@@ -289,7 +324,7 @@ def remove_backups(backup_dir: str | os.PathLike) -> None:
     root = Path(backup_dir)
     if not root.is_dir():
         return
-    for p in [*root.glob("ckpt-*"), *root.glob("tmp-*")]:
+    for p in [*_backups(root), *_unfinished(root)]:
         shutil.rmtree(p, ignore_errors=True)
     try:
         root.rmdir()
@@ -310,6 +345,9 @@ class Backup(keras.callbacks.Callback):
         step_offset: steps of the first epoch done before this `fit` (a
             mid-epoch resume). Defaults to 0.
         write: False on non-chief workers, which only restore. Defaults to True.
+        history: the rows of the epochs finished before this `fit` (earlier
+            phases, and a resumed run's earlier epochs); each epoch this `fit`
+            ends adds its row, and every backup stores them. Defaults to None.
     """
 
     def __init__(
@@ -321,20 +359,19 @@ class Backup(keras.callbacks.Callback):
         every_steps=None,
         step_offset: int = 0,
         write: bool = True,
+        history: list[dict[str, float]] | None = None,
     ):
         super().__init__()
         self.backup_dir, self.fingerprint, self.phase = backup_dir, fingerprint, phase
         self.steps_per_epoch = steps_per_epoch
         self.every_steps, self.step_offset, self.write = every_steps, step_offset, write
+        self.history = list(history or [])
         self._epoch = 0
 
     def _save(self, epoch: int, step: int) -> None:
         if self.write:
-            save(
-                self.backup_dir,
-                self.model,
-                ResumePoint(epoch, step, self.phase, None, self.fingerprint),
-            )
+            point = ResumePoint(epoch, step, self.phase, None, self.fingerprint, self.history)
+            save(self.backup_dir, self.model, point)
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch = epoch
@@ -347,4 +384,5 @@ class Backup(keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch, logs=None):
         self.step_offset = 0  # only the first epoch of a resumed fit starts part-way
+        self.history.append({name: float(value) for name, value in (logs or {}).items()})
         self._save(epoch + 1, 0)

@@ -63,6 +63,16 @@ class Splits:
     skipped: list[SkippedFile] = field(default_factory=list)
 
 
+def tf_paths(files: list[str]) -> list[bytes]:
+    """`files` as the bytes the filesystem holds, which TensorFlow accepts for any name.
+
+    A name that is not UTF-8 (a Latin-1 name from an old zip, say) reaches
+    Python as a `str` with surrogate escapes, which TensorFlow cannot convert
+    to a string tensor; its bytes open the same file.
+    """
+    return [os.fsencode(f) for f in files]
+
+
 def _visible(entries):
     return sorted(e for e in entries if not e.name.startswith("."))
 
@@ -140,7 +150,8 @@ def split_validation(images: ImageList, fraction: float, seed: int) -> tuple[Ima
     """Splits off a stratified, seeded validation set.
 
     Every class gives the same fraction (rounded, at least one image when the
-    class has two or more), so a rare class is not left out of validation.
+    class has two or more, never all of them), so a rare class is left out of
+    neither validation nor training.
 
     Args:
         images: the images to split.
@@ -157,9 +168,9 @@ def split_validation(images: ImageList, fraction: float, seed: int) -> tuple[Ima
     val_idx: set[int] = set()
     for label in sorted(by_class):
         idx = by_class[label]
-        take = round(len(idx) * fraction)
-        if len(idx) >= 2:
-            take = min(max(take, 1), len(idx) - 1)
+        # At least one validation image, and at least one left to train on: a class
+        # of one image stays in training.
+        take = min(max(round(len(idx) * fraction), 1), len(idx) - 1)
         val_idx.update(rng.sample(idx, take))
     pick = lambda keep: ImageList(  # noqa: E731
         [f for i, f in enumerate(images.files) if (i in val_idx) == keep],
@@ -183,7 +194,8 @@ def cache_folder() -> Path:
 
 def _manifest_path(files: list[str]) -> Path:
     root = os.path.commonpath([os.path.abspath(f) for f in files])
-    return cache_folder() / "checked" / f"{hashlib.sha256(root.encode()).hexdigest()[:16]}.json"
+    digest = hashlib.sha256(os.fsencode(root)).hexdigest()[:16]
+    return cache_folder() / "checked" / f"{digest}.json"
 
 
 def _stat_key(path: str) -> list[int] | None:
@@ -279,7 +291,7 @@ def _decode_all(files: list[str]) -> dict[str, str | None]:
         )
         return i, tf.shape(image)
 
-    ds = tf.data.Dataset.from_tensor_slices((tf.range(len(files)), files))
+    ds = tf.data.Dataset.from_tensor_slices((tf.range(len(files)), tf_paths(files)))
     ds = ds.map(check, num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)
     ds = without_autotuning(ds.ignore_errors().batch(4096))
     decoded = {int(i) for batch, _ in ds for i in batch.numpy()}

@@ -334,6 +334,14 @@ def task_id(strategy: tf.distribute.Strategy) -> int:
     return int(getattr(resolver, "task_id", 0) or 0)
 
 
+def task_name(strategy: tf.distribute.Strategy) -> str | None:
+    """This process's task in its cluster, such as `"worker-1"`; None outside a cluster."""
+    resolver = getattr(strategy, "cluster_resolver", None)
+    if resolver is None or not resolver.cluster_spec().as_dict():
+        return None
+    return f"{resolver.task_type}-{resolver.task_id}"
+
+
 def is_chief(strategy: tf.distribute.Strategy) -> bool:
     """True unless this is a non-chief worker of a multi-worker cluster (TF_CONFIG or Slurm).
 

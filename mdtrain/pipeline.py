@@ -35,18 +35,16 @@ measured comparison in `mdtrain.bench.pipelines`.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import tensorflow as tf
 
 from mdtrain.augment import AugmentPolicy, augment_batch
-from mdtrain.data import ImageList, SkippedFile, Splits, cache_folder
+from mdtrain.data import ImageList, SkippedFile, Splits, cache_folder, tf_paths
+from mdtrain.disk_cache import cache_prefix, claim
 from mdtrain.distribute import shard_by_batch
 from mdtrain.errors import UsageError
 from mdtrain.images import decode_image
@@ -112,7 +110,9 @@ def decoded_images(
     Returns:
         An unbatched dataset.
     """
-    ds = tf.data.Dataset.from_tensor_slices((images.files, np.asarray(images.labels, np.int32)))
+    ds = tf.data.Dataset.from_tensor_slices(
+        (tf_paths(images.files), np.asarray(images.labels, np.int32))
+    )
     ds = ds.map(
         lambda path, label: (load_image(path, image_size), label),
         num_parallel_calls=AUTOTUNE,
@@ -187,19 +187,6 @@ def resolve_cache(
     return "disk" if cache_dir is not None else "none"
 
 
-def _disk_prefix(cache_dir, images: ImageList, image_size: int, order_key, split: str) -> str:
-    """A cache file prefix that changes whenever what would be cached changes."""
-    h = hashlib.sha256()
-    h.update(json.dumps([image_size, order_key]).encode())
-    for f in images.files:  # a changed file must not be served from an old cache
-        st = os.stat(f)
-        h.update(f"{f}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
-    folder = Path(cache_dir if cache_dir is not None else cache_folder() / "decoded")
-    folder = folder / f"mdtrain-{h.hexdigest()[:16]}"
-    folder.mkdir(parents=True, exist_ok=True)
-    return str(folder / split)
-
-
 @dataclass
 class InputData:
     """Everything training needs to know about its input.
@@ -222,6 +209,9 @@ class InputData:
             finishes out of order. Defaults to False.
         cache_dir: folder of a disk cache; None uses mdtrain's cache folder
             (`mdtrain.data.cache_folder()`). Defaults to None.
+        cache_task: this process's task in a multi-worker cluster
+            (`"worker-1"`), so that each fills a disk cache of its own
+            (`mdtrain.disk_cache`); None outside one. Defaults to None.
 
     Example:
 
@@ -238,6 +228,7 @@ class InputData:
     cache: bool | str = "auto"
     deterministic: bool = False
     cache_dir: str | os.PathLike | None = None
+    cache_task: str | None = None
 
     def __post_init__(self) -> None:
         self.cache_mode = resolve_cache(
@@ -245,7 +236,7 @@ class InputData:
         )
         train = self.splits.train
         self._names = tf.data.Dataset.from_tensor_slices(
-            (train.files, np.asarray(train.labels, np.int32))
+            (tf_paths(train.files), np.asarray(train.labels, np.int32))
         )
         self._train_cached = None
         if self.cache_mode != "none":
@@ -266,7 +257,10 @@ class InputData:
         if self.cache_mode == "memory":
             return ""
         order = [self.seed, self.shuffle] if split == "train" else None
-        return _disk_prefix(self.cache_dir, images, self.image_size, order, split)
+        folder = self.cache_dir if self.cache_dir is not None else cache_folder() / "decoded"
+        prefix = cache_prefix(folder, images.files, self.image_size, order, split, self.cache_task)
+        claim(prefix)
+        return prefix
 
     def _decode(self, ds: tf.data.Dataset, deterministic: bool) -> tf.data.Dataset:
         size = self.image_size

@@ -229,8 +229,9 @@ def _probabilities(net, files: list[str], size: int, batch_size: int):
     import tensorflow as tf
 
     from mdtrain.compat import without_autotuning
+    from mdtrain.data import tf_paths
     from mdtrain.pipeline import load_image
 
-    ds = tf.data.Dataset.from_tensor_slices(files)
+    ds = tf.data.Dataset.from_tensor_slices(tf_paths(files))
     ds = ds.map(lambda p: load_image(p, size), num_parallel_calls=tf.data.AUTOTUNE)
     return net.predict(without_autotuning(ds.batch(batch_size)), verbose=0)

@@ -157,8 +157,10 @@ def make_synthetic_dataset(
         raise UsageError(f"--classes {classes}: must be between 2 and {len(SHAPES)}")
     if per_class < 5:
         raise UsageError(f"--per-class {per_class}: must be at least 5")
-    if image_size < 16:
-        raise UsageError(f"--image-size {image_size}: must be at least 16 pixels")
+    if not 16 <= image_size <= 4096:
+        raise UsageError(f"--image-size {image_size}: must be between 16 and 4096 pixels")
+    if not 0 <= seed < 2**32:
+        raise UsageError(f"--seed {seed}: must be in [0, 2**32)")
     params = dict(
         kind="synth", classes=classes, per_class=per_class, image_size=image_size, seed=seed
     )

@@ -15,6 +15,8 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from mdtrain.errors import UsageError
+
 OUTPUT_FILES = ("model.keras", "history.json", "report.json")
 
 
@@ -101,6 +103,17 @@ class TrainConfig:
             self.fine_tune_epochs,
             "needs a pretrained base: use an EfficientNet model",
         )
+        c.check(
+            self.fine_tune_epochs == 0 or self.weights != "none",
+            "fine_tune_epochs",
+            self.fine_tune_epochs,
+            "needs a pretrained base: pass --weights imagenet or a weights file",
+        )
+        c.check(0 <= self.seed < 2**32, "seed", self.seed, "must be in [0, 2**32)")
+        for argument in ("output", "backup_dir", "cache_dir"):
+            folder = getattr(self, argument)
+            c.check(not folder or not Path(folder).exists() or Path(folder).is_dir(),
+                    argument, folder, "is a file; pass a folder")  # fmt: skip
         c.check(
             self.weights in ("imagenet", "none") or os.path.isfile(self.weights),
             "weights",
@@ -221,7 +234,7 @@ class _Run:
     def _input_data(self):
         from mdtrain.augment import AugmentPolicy
         from mdtrain.data import load_splits
-        from mdtrain.distribute import resolve_global_batch_size
+        from mdtrain.distribute import resolve_global_batch_size, task_name
         from mdtrain.pipeline import InputData
         from mdtrain.sources import ensure_demo_dataset
 
@@ -242,6 +255,7 @@ class _Run:
             cache=config.cache,
             cache_dir=config.cache_dir,
             deterministic=config.deterministic,
+            cache_task=task_name(self.strategy),
         )
 
     def _choose_loop(self) -> str:
@@ -319,12 +333,20 @@ class _Run:
             display=config.monitor if self.chief else "none",
         )
         point = resume_point(config.backup_dir, self.fingerprint(), self.chief, say=self._say)
+        total = config.epochs + config.fine_tune_epochs
+        if point.epoch > total:
+            raise UsageError(
+                f"--backup-dir {config.backup_dir}: its backup is at epoch {point.epoch}, past "
+                f"this run's {total}; use the same --epochs, or another --backup-dir"
+            )
         segments = plan_run(config.epochs, config.fine_tune_epochs, config.learning_rate,
                             self.inputs.steps_per_epoch, point.position)  # fmt: skip
-        history: list[dict[str, float]] = []
+        if not segments and point.path is not None:
+            self._restore_finished(point)
+        history = list(point.history)  # the epochs before the backup, as that run saw them
         with monitor.run():  # one run's figures across phases and resume segments
             for segment in segments:
-                history += self._run_segment(segment, point, [*callbacks, monitor])
+                history += self._run_segment(segment, point, [*callbacks, monitor], history)
         summary = monitor.summary()
         return TrainResult(
             config=config,
@@ -363,8 +385,19 @@ class _Run:
             )
             self.trainer.compile(optimizer=keras.optimizers.Adam(schedule))
 
-    def _run_segment(self, segment, point, callbacks: list) -> list[dict[str, float]]:
-        """Runs one segment of the plan; returns its per-epoch history."""
+    def _restore_finished(self, point) -> None:
+        """Loads a backup taken at the very end of the run: its weights are the result."""
+        from mdtrain.backup import restore
+        from mdtrain.models import unfreeze_top
+
+        self._say("the backup is at the end of the run: its weights are the result")
+        if point.phase == 1:  # the layers fine-tuning unfroze, as the run left them
+            with self.strategy.scope():
+                unfreeze_top(self.trainer.net)
+        restore(self.trainer, point, with_optimizer=False)
+
+    def _run_segment(self, segment, point, callbacks: list, history) -> list[dict[str, float]]:
+        """Runs one segment of the plan after the epochs of `history`; returns its rows."""
         from mdtrain.backup import Backup, restore
         from mdtrain.history import history_rows
         from mdtrain.loop import custom_fit
@@ -381,6 +414,7 @@ class _Run:
             callbacks = [*callbacks, Backup(
                 config.backup_dir, self.fingerprint(), segment.phase, inputs.steps_per_epoch,
                 config.backup_every_steps, step_offset=segment.skip_steps, write=self.chief,
+                history=history,
             )]  # fmt: skip
         run = dict(
             epochs=segment.last_epoch,

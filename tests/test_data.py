@@ -7,15 +7,18 @@ import shutil
 from pathlib import Path
 
 import pytest
+from PIL import Image
 
 from mdtrain import data
 from mdtrain.data import (
+    ImageList,
     cache_folder,
     check_dataset,
     find_undecodable,
     load_splits,
     resolve_layout,
     scan_class_folders,
+    split_validation,
 )
 from mdtrain.errors import UsageError
 from mdtrain.images import sniff_format
@@ -56,6 +59,30 @@ def test_validation_split_is_stratified_and_seeded(tiny_dataset):
     assert a.val.files == b.val.files and a.val.files != c.val.files
     assert a.val.counts(3) == [2, 2, 2]
     assert not set(a.train.files) & set(a.val.files)
+
+
+def test_validation_split_leaves_every_class_something_to_train_on():
+    images = ImageList(["a1", "a2", "a3", "b1"], [0, 0, 0, 1])
+    train, val = split_validation(images, 0.6, seed=0)
+    assert train.counts(2) == [1, 1] and val.counts(2) == [2, 0]
+
+
+def test_file_names_that_are_not_utf8_are_read(tmp_path):
+    from mdtrain.pipeline import decoded_images
+
+    source = sorted((Path(__file__).parent.parent / "mdtrain").glob("*.py"))[0]  # not an image
+    for c in "ab":
+        (tmp_path / c).mkdir()
+        for i in range(2):
+            Image.new("RGB", (20, 20), (40 * i, 90, 200)).save(tmp_path / c / f"{i}.png")
+    latin1 = os.fsdecode(b"caf\xe9.png")  # as a Windows zip names it: not UTF-8
+    Image.new("RGB", (20, 20)).save(tmp_path / "a" / latin1)
+    shutil.copy(source, tmp_path / "b" / os.fsdecode(b"notes\xe9.jpg"))
+    splits = load_splits(tmp_path)
+    assert [os.path.basename(s.path) for s in splits.skipped] == [os.fsdecode(b"notes\xe9.jpg")]
+    assert os.path.join(str(tmp_path), "a", latin1) in splits.train.files
+    images = [image for image, _ in decoded_images(splits.train, 16)]
+    assert len(images) == 5 and images[0].shape == (16, 16, 3)
 
 
 def test_split_layout_uses_val_folder(tiny_dataset):

@@ -31,7 +31,12 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def two_workers(tmp_path_factory):
-    """A clean 2-worker run; TMPDIR is private so leftover worker folders would show."""
+    """A clean 2-worker run; TMPDIR is private so leftover worker folders would show.
+
+    Its decoded images are cached on disk, in one folder for both workers (as on a
+    shared home folder); on 33 images the disk cache's shuffle buffer holds them all,
+    so the batches are those of the memory cache the reference run used.
+    """
     work = tmp_path_factory.mktemp("two-workers")
     (work / "tmp").mkdir()
     cmd = mdtrain_cmd(
@@ -44,6 +49,10 @@ def two_workers(tmp_path_factory):
         "--data",
         dataset(tmp_path_factory),
         *TRAIN_ARGS,
+        "--cache",
+        "disk",
+        "--cache-dir",
+        work / "cache",
         "--output",
         work / "out",
     )
@@ -72,6 +81,9 @@ def test_two_workers_on_loopback_only_the_chief_writes(two_workers):
     assert "with 2 replica(s): global batch 10 = 5 per replica x 2 replica(s)" in chief
     assert "worker 1: global batch 10 = 5 per replica x 2 replica(s)" in other
     assert "Epoch 2/2" in chief and "Epoch" not in other  # only the chief reports progress
+    filled = sorted(p.name for p in (work / "cache").glob("mdtrain-*/*.index"))
+    assert filled == ["train-worker-0.index", "train-worker-1.index", "val-worker-0.index",
+                      "val-worker-1.index"]  # fmt: skip
 
 
 def test_two_workers_match_one_process_with_two_replicas(two_workers, tmp_path_factory):

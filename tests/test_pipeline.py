@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -101,6 +105,72 @@ def test_disk_cache_writes_only_to_its_folder_and_keeps_every_image(splits, tmp_
     assert list((tmp_path / "cache").glob("mdtrain-*/train.index"))
     after = sorted(str(p) for p in Path(data_root).rglob("*"))
     assert before == after  # nothing written beside the user's images
+
+
+def test_each_worker_fills_a_disk_cache_of_its_own(splits, tmp_path):
+    workers = [
+        _inputs(splits, cache="disk", cache_dir=tmp_path, cache_task=f"worker-{i}") for i in (0, 1)
+    ]
+    # Filled at the same time, as two workers do; one shared file prefix would fail here.
+    for (xa, ya), (xb, yb) in zip(*(w.epoch_batches(0) for w in workers), strict=True):
+        np.testing.assert_array_equal(ya, yb)
+        np.testing.assert_array_equal(xa, xb)
+    filled = sorted(p.name for p in tmp_path.glob("mdtrain-*/train*.index"))
+    assert filled == ["train-worker-0.index", "train-worker-1.index"]
+
+
+# Starts filling the disk cache of `_inputs(splits, cache="disk", ...)`, then waits. (Its
+# batch size and augmentation do not change what is cached; one image per batch and no
+# augmentation map reading batches ahead leave the cache unfinished.)
+_FILLER = """
+import sys, time
+from mdtrain.data import load_splits
+from mdtrain.pipeline import InputData
+inputs = InputData(load_splits(sys.argv[1]), 32, 1, seed=3, cache="disk", augment=None,
+                   cache_dir=sys.argv[2], deterministic=True)
+images = iter(inputs.epoch_batches(0))  # kept: a dropped iterator discards its partial cache
+next(images)  # the first image: TensorFlow's lockfile exists now
+print("filling", flush=True)
+time.sleep(600)
+"""
+
+
+def _start_filler(splits, cache_dir) -> subprocess.Popen:
+    data_root = Path(splits.train.files[0]).parents[2]
+    filler = subprocess.Popen(
+        [sys.executable, "-c", _FILLER, str(data_root), str(cache_dir)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
+    )
+    assert filler.stdout.readline().strip() == "filling"
+    return filler
+
+
+@pytest.mark.slow
+def test_a_disk_cache_whose_filler_was_killed_is_filled_again(splits, tmp_path):
+    filler = _start_filler(splits, tmp_path)
+    filler.send_signal(signal.SIGKILL)  # preempted, or out of memory
+    filler.wait()
+    assert list(tmp_path.glob("mdtrain-*/train_0.lockfile"))  # what TensorFlow leaves
+    disk = _inputs(splits, cache="disk", cache_dir=tmp_path)
+    streamed = _inputs(splits, cache="none")
+    batches = zip(_batches(disk.epoch_batches(0)), _batches(streamed.epoch_batches(0)), strict=True)
+    for (xa, ya), (xb, yb) in batches:
+        np.testing.assert_array_equal(ya, yb)
+        np.testing.assert_array_equal(xa, xb)
+    assert list(tmp_path.glob("mdtrain-*/train.index"))
+
+
+@pytest.mark.slow
+def test_a_disk_cache_being_filled_by_a_live_process_is_one_clear_error(splits, tmp_path):
+    filler = _start_filler(splits, tmp_path)
+    try:
+        with pytest.raises(UsageError, match="another process is filling the cache"):
+            _inputs(splits, cache="disk", cache_dir=tmp_path)
+    finally:
+        filler.kill()
+        filler.wait()
 
 
 def test_cache_modes_resolve_by_the_memory_available():

@@ -149,15 +149,3 @@ def test_backup_from_other_settings_is_refused(killed_and_resumed, tmp_path):
     proc = _train_one_device(killed_and_resumed["data"], args, backup)
     assert proc.returncode == 2
     assert "global_batch_size differ" in proc.stderr.strip().splitlines()[-1]
-
-
-def test_interrupted_save_is_never_loaded(tmp_path):
-    from mdtrain.backup import find_resume_point, remove_unfinished
-
-    (tmp_path / "tmp-abc").mkdir()  # a save killed half-way: no manifest, never renamed
-    (tmp_path / "tmp-abc" / "net.weights.h5").write_bytes(b"partial")
-    assert find_resume_point(tmp_path).path is None
-    assert remove_unfinished(tmp_path) == ["tmp-abc"] and not (tmp_path / "tmp-abc").exists()
-    (tmp_path / "ckpt-00001-000000").mkdir()  # renamed into place, then damaged: an error
-    with pytest.raises(Exception, match="MANIFEST.json unreadable"):
-        find_resume_point(tmp_path)

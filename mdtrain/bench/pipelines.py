@@ -210,12 +210,15 @@ def tfdata_stage(
     import tensorflow as tf
 
     from mdtrain.augment import augment_batch
+    from mdtrain.data import tf_paths
     from mdtrain.pipeline import load_image
 
     if augment not in AUGMENTATIONS:
         raise UsageError(f"augment {augment!r}: expected one of {', '.join(AUGMENTATIONS)}")
     policy = bench_policy() if policy is None else policy
-    ds = tf.data.Dataset.from_tensor_slices((images.files, np.asarray(images.labels, np.int32)))
+    ds = tf.data.Dataset.from_tensor_slices(
+        (tf_paths(images.files), np.asarray(images.labels, np.int32))
+    )
     if not cache:
         ds = ds.shuffle(len(images), seed=seed)
     order = {"num_parallel_calls": tf.data.AUTOTUNE, "deterministic": False} if parallel else {}
@@ -254,7 +257,7 @@ def _pipeline_variants(data_dir: Path, image_size: int, batch_size: int):
     import tensorflow as tf
 
     from mdtrain import legacy
-    from mdtrain.data import load_splits, resolve_layout
+    from mdtrain.data import load_splits, resolve_layout, tf_paths
     from mdtrain.pipeline import AUTOTUNE, load_image
 
     splits = load_splits(data_dir)  # checks every file once: warms the page cache too
@@ -268,7 +271,7 @@ def _pipeline_variants(data_dir: Path, image_size: int, batch_size: int):
     idg = legacy.flow_from_directory(train_dir, image_size, batch_size, policy)
 
     def raw():
-        ds = tf.data.Dataset.from_tensor_slices(files)
+        ds = tf.data.Dataset.from_tensor_slices(tf_paths(files))
         ds = ds.map(lambda p: load_image(p, image_size), num_parallel_calls=AUTOTUNE,
                     deterministic=False)  # fmt: skip
         return iter(ds.batch(batch_size).prefetch(AUTOTUNE))

@@ -1,0 +1,143 @@
+"""mdtrain.backup: what a backup folder keeps, what it removes, and what a resumed run reports."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import keras
+import pytest
+
+from mdtrain.backup import (
+    ResumePoint,
+    find_resume_point,
+    remove_backups,
+    remove_unfinished,
+    save,
+)
+from mdtrain.errors import UsageError
+
+BACKUP_FILES = ("net.weights.h5", "state.npz", "MANIFEST.json")
+
+
+def _folder(path, *names: str):
+    path.mkdir(parents=True)
+    for name in names:
+        (path / name).write_bytes(b"x")
+    return path
+
+
+def test_interrupted_save_is_never_loaded(tmp_path):
+    _folder(tmp_path / "mdtrain-tmp-abc", "net.weights.h5")  # killed half-way: never renamed
+    assert find_resume_point(tmp_path).path is None
+    assert remove_unfinished(tmp_path) == ["mdtrain-tmp-abc"]
+    assert not (tmp_path / "mdtrain-tmp-abc").exists()
+    (tmp_path / "ckpt-00001-000000").mkdir()  # renamed into place, then damaged: an error
+    with pytest.raises(UsageError, match="MANIFEST.json unreadable"):
+        find_resume_point(tmp_path)
+
+
+def test_only_mdtrain_backups_are_ever_removed(tmp_path):
+    users = [
+        _folder(tmp_path / "tmp-notes", "todo.txt"),
+        _folder(tmp_path / "ckpt-best-model", "model.keras"),
+        _folder(tmp_path / "ckpt-00001-000000", "net.weights.h5", "my-notes.txt"),
+        _folder(tmp_path / "mdtrain-tmp-mine", "thesis.tex"),
+    ]
+    ours = [
+        _folder(tmp_path / "mdtrain-tmp-x1", "net.weights.h5"),
+        _folder(tmp_path / "ckpt-00002-000000", *BACKUP_FILES),
+    ]
+    assert remove_unfinished(tmp_path) == ["mdtrain-tmp-x1"]
+    remove_backups(tmp_path)
+    assert all(folder.is_dir() for folder in users) and not any(p.exists() for p in ours)
+    assert (tmp_path / "ckpt-00001-000000" / "my-notes.txt").exists()
+
+
+def test_a_save_never_replaces_a_folder_of_the_users(tmp_path):
+    from mdtrain.loop import ExactTrainer, build_optimizer
+
+    trainer = ExactTrainer(keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)]))
+    trainer.compile(optimizer="sgd")
+    build_optimizer(trainer)
+    _folder(tmp_path / "ckpt-00001-000000", "my-notes.txt")
+    with pytest.raises(UsageError, match="not an mdtrain backup; nothing was overwritten"):
+        save(tmp_path, trainer, ResumePoint(1, 0))
+    assert sorted(os.listdir(tmp_path)) == ["ckpt-00001-000000"]  # no save left half-way
+    assert save(tmp_path, trainer, ResumePoint(2, 0)).name == "ckpt-00002-000000"
+
+
+# Three runs of 3 epochs in one fresh process, deterministic, on one device: uninterrupted;
+# stopped when epoch 3 begins (its backup after epoch 2 written), then run again; and one
+# whose backups outlive its end (as when a run dies after its last backup, before its
+# outputs), run again with a new --output; then again asking for fewer epochs.
+_RUNS = """
+import json, sys
+import keras
+from mdtrain import backup
+from mdtrain.errors import UsageError
+from mdtrain.numerics import max_weight_difference
+from mdtrain.train import TrainConfig, train
+
+data, work = sys.argv[1], sys.argv[2]
+base = dict(data=data, image_size=16, epochs=3, global_batch_size=8, strategy="one",
+            deterministic=True, monitor="none", verbose=0)
+
+class Stop(keras.callbacks.Callback):
+    def on_epoch_begin(self, epoch, logs=None):
+        if epoch == 2:
+            raise KeyboardInterrupt
+
+whole = train(TrainConfig(**base, output=f"{work}/whole"))
+try:
+    train(TrainConfig(**base, backup_dir=f"{work}/bk", output=f"{work}/b"), callbacks=[Stop()])
+except KeyboardInterrupt:
+    pass
+resumed = train(TrainConfig(**base, backup_dir=f"{work}/bk", output=f"{work}/b"))
+backup.remove_backups = lambda folder: None
+first = train(TrainConfig(**base, backup_dir=f"{work}/end", output=f"{work}/first"))
+again = train(TrainConfig(**base, backup_dir=f"{work}/end", output=f"{work}/again"))
+try:
+    train(TrainConfig(**{**base, "epochs": 2}, backup_dir=f"{work}/end"))
+    fewer = "trained"
+except UsageError as error:
+    fewer = str(error)
+print(json.dumps({
+    "whole": whole.history, "resumed": resumed.history,
+    "first": first.history, "again": again.history, "fewer": fewer,
+    "resumed_vs_whole": max_weight_difference(f"{work}/b/model.keras", f"{work}/whole/model.keras"),
+    "again_vs_first": max_weight_difference(f"{work}/again/model.keras",
+                                            f"{work}/first/model.keras"),
+    "again_report_epochs": json.load(open(f"{work}/again/report.json"))["epochs"],
+}))
+"""
+
+
+@pytest.fixture(scope="module")
+def runs(tiny_dataset, tmp_path_factory) -> dict:
+    work = tmp_path_factory.mktemp("backup-runs")
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(_RUNS), str(tiny_dataset), str(work)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_a_resumed_run_reports_every_epoch(runs):
+    assert len(runs["resumed"]) == 3 and runs["resumed"] == runs["whole"]
+    assert runs["resumed_vs_whole"] == 0.0
+
+
+@pytest.mark.slow
+def test_a_backup_at_the_very_end_gives_the_trained_model(runs):
+    assert runs["again_vs_first"] == 0.0  # not the untrained model
+    assert runs["again"] == runs["first"] and runs["again_report_epochs"] == 3
+    assert "its backup is at epoch 3, past this run's 2" in runs["fewer"]
