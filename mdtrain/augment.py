@@ -152,9 +152,10 @@ def transform_matrices(params: dict[str, tf.Tensor], height: int, width: int) ->
     """
     theta, zx, zy, flip = params["theta"], params["zx"], params["zy"], params["flip"]
     cos, sin = tf.cos(theta), tf.sin(theta)
-    # ImageDataGenerator centres on (h/2 - 0.5, w/2 - 0.5) in (x, y) order; for the
-    # square images mdtrain feeds it the two orders agree.
-    cx, cy = height / 2 - 0.5, width / 2 - 0.5
+    # About the image's centre. (ImageDataGenerator swaps the two on images that are
+    # not square, so it rotates about another point; on the square images the
+    # benchmark feeds both they agree.)
+    cx, cy = width / 2 - 0.5, height / 2 - 0.5
     a0, a1 = cos * zx, -sin * zy
     b0, b1 = sin * zx, cos * zy
     a2 = cx - a0 * cx - a1 * cy
@@ -308,7 +309,8 @@ def augment_batch(images: tf.Tensor, policy: AugmentPolicy, seed, kernel: str = 
     """
     if not policy.has_geometry and not policy.has_colour:
         return images
-    height, width = images.shape[1], images.shape[2]
+    # From the tensor's shape, which is also known where the static shape is not.
+    height, width = tf.unstack(tf.cast(tf.shape(images)[1:3], tf.float32))
     params = sample_transforms(tf.shape(images)[0], policy, seed)
     matrices = transform_matrices(params, height, width)
     gain, offset = colour_gain_offset(images, params) if policy.has_colour else (None, None)

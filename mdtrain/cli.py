@@ -109,7 +109,7 @@ def _add_train(sub) -> None:
     t.add_argument("--mixed-precision", action="store_true",
                    help="float16 on GPUs (loss-scaled), bfloat16 elsewhere")  # fmt: skip
     t.add_argument("--no-augment", dest="augment", action="store_false", help="train without "
-                   "random flips, rotations, zooms and colour changes")  # fmt: skip
+                   "random flips, rotations and zooms")  # fmt: skip
     t.add_argument("--dropout", type=float, help="dropout before the last layer")
     t.add_argument("--class-weight", help=f"{' or '.join(CLASS_WEIGHTS)}: "
                    "auto weighs the loss to balance classes")  # fmt: skip

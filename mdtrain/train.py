@@ -322,6 +322,7 @@ class _Run:
 
     def execute(self, callbacks: list) -> TrainResult:
         from mdtrain.backup import resume_point
+        from mdtrain.heartbeat import heartbeat_from_env
         from mdtrain.monitor import make_monitor
         from mdtrain.plan import plan_run
 
@@ -344,6 +345,8 @@ class _Run:
         if not segments and point.path is not None:
             self._restore_finished(point)
         history = list(point.history)  # the epochs before the backup, as that run saw them
+        if self.chief and config.verbose:  # under `mdtrain launch`: slow is not stuck
+            callbacks = [*callbacks, *heartbeat_from_env()]
         with monitor.run():  # one run's figures across phases and resume segments
             for segment in segments:
                 history += self._run_segment(segment, point, [*callbacks, monitor], history)

@@ -92,6 +92,26 @@ def test_xla_kernel_matches_tensorflow_op_on_uint8():
     assert np.abs(fast - reference).max() <= 0.5 + 1e-3  # rounding only
 
 
+def test_rotation_and_zoom_turn_about_the_centre_of_an_image_that_is_not_square():
+    images = np.zeros([8, 31, 63, 3], np.float32)
+    images[:, 14:17, 30:33] = 255.0  # a dot at the centre, row 15, column 31
+    policy = AugmentPolicy(horizontal_flip=False, rotation_degrees=30, zoom=0.3)
+    out = augment_batch(tf.constant(images), policy, tf.constant([3, 4])).numpy()[..., 0]
+    rows, cols = np.mgrid[0:31, 0:63]
+    for image in out:  # wherever it is turned or scaled to, the dot stays where it was
+        mass = image.sum()
+        assert abs((image * rows).sum() / mass - 15) < 0.5
+        assert abs((image * cols).sum() / mass - 31) < 0.5
+
+
+def test_images_of_unknown_height_and_width_are_augmented():
+    images = tf.constant(np.random.default_rng(2).integers(0, 256, (2, 20, 28, 3), np.uint8))
+    seed = tf.constant([7, 8])
+    unknown = tf.TensorSpec([None, None, None, 3], tf.uint8)
+    traced = tf.function(lambda x: augment_batch(x, POLICY, seed), input_signature=[unknown])
+    np.testing.assert_array_equal(traced(images), augment_batch(images, POLICY, seed))
+
+
 def test_policy_without_transforms_is_identity():
     images = tf.zeros([2, 8, 8, 3], tf.uint8)
     none = AugmentPolicy(horizontal_flip=False, rotation_degrees=0, zoom=0)

@@ -120,6 +120,7 @@ def _tree(root, spec):
         (["train", "--model", "small-cnn", "--fine-tune-epochs", "2"], "pretrained base"),
         (["train", "--model", "efficientnetv2-b0", "--fine-tune-epochs", "1"], "--weights image"),
         (["train", "--seed", "-1"], "--seed -1: must be in [0, 2**32)"),
+        (["train", "--image-size", "12"], "small-cnn needs at least 16 pixels"),
         (["train", "--seed", "4294967296"], "must be in [0, 2**32)"),
         (["train", "--output", "README.md"], "--output README.md: is a file"),
         (["train", "--backup-dir", "README.md"], "--backup-dir README.md: is a file"),

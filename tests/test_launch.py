@@ -176,6 +176,38 @@ def test_default_log_dir_is_fresh_temp_dir(tmp_path):
     assert code == 0 and (folder / "worker-0.log").exists()
 
 
+def test_workers_are_told_how_often_to_show_life(tmp_path):
+    code, out = _run(2, tmp_path, hang_timeout_s=40.0)
+    assert code == 0 and "[worker 1] index=1 attempt=1 heartbeat=10" in out  # mdtrain.heartbeat
+    code, out = _run(1, tmp_path, hang_timeout_s=None)
+    assert code == 0 and "heartbeat=None" in out
+
+
+def test_a_closed_output_stream_stops_neither_the_job_nor_its_logs(tmp_path):
+    class ClosedAfterThreeLines(io.StringIO):  # as `mdtrain launch ... | head -3`
+        def write(self, text):
+            if self.getvalue().count("\n") >= 3:
+                raise BrokenPipeError(32, "Broken pipe")
+            return super().write(text)
+
+    stream = ClosedAfterThreeLines()
+    code = run_workers(FAKE, 2, stream=stream, log_dir=tmp_path / "logs")
+    assert code == 0 and stream.getvalue().count("\n") == 3
+    for i in (0, 1):
+        assert f"worker {i} done" in (tmp_path / "logs" / f"worker-{i}.log").read_text()
+
+
+def test_a_line_the_stream_cannot_encode_is_escaped(tmp_path):
+    class AsciiOnly(io.StringIO):
+        def write(self, text):
+            text.encode("ascii")
+            return super().write(text)
+
+    stream = AsciiOnly()
+    launch_mod.processes.Job(tmp_path, stream).write("worker 0", "café")
+    assert stream.getvalue() == "[worker 0] caf\\xe9\n"
+
+
 def test_returns_chief_status(tmp_path):
     code, out = _run(2, tmp_path, env=_env(FAKE_EXIT="0:3"))
     assert code == 3

@@ -46,19 +46,24 @@ def test_serve_refuses_a_task_that_is_not_ps_or_worker(monkeypatch):
         ps.serve()
 
 
-def test_chief_bad_input_is_one_line_and_exit_2():
+@pytest.mark.parametrize(
+    "args, line",
+    [
+        (["--deterministic"], "--deterministic: asynchronous updates cannot be reproduced "
+                              "(see notebooks/07_choosing_a_strategy.ipynb)"),
+        (["--log-every", "0"], "--log-every 0: must be at least 1"),
+    ],
+)  # fmt: skip
+def test_chief_bad_input_is_one_line_and_exit_2(args, line):
     done = subprocess.run(
-        [sys.executable, "-m", "mdtrain.ps", "chief", "--deterministic"],
+        [sys.executable, "-m", "mdtrain.ps", "chief", *args],
         capture_output=True,
         text=True,
         timeout=120,
         env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
     )
     assert done.returncode == 2
-    assert done.stderr.strip().splitlines()[-1] == (
-        "mdtrain: error: --deterministic: asynchronous updates cannot be reproduced "
-        "(see notebooks/07_choosing_a_strategy.ipynb)"
-    )
+    assert done.stderr.strip().splitlines()[-1] == f"mdtrain: error: {line}"
 
 
 # Two workers and a ps in a fresh process, training a linear model on one fixed batch at

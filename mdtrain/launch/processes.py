@@ -197,10 +197,24 @@ class Job:
         self.tasks = Tasks(self)
 
     def write(self, label: str, line: str) -> None:
-        """Writes `[label] line` to the job's stream, one whole line at a time."""
+        """Writes `[label] line` to the job's stream, one whole line at a time.
+
+        A stream that fails never stops the job (the log files keep every
+        line): a character it cannot encode is escaped; once its reader is
+        gone (`mdtrain launch ... | head`), it is written to no more.
+        """
+        text = f"[{label}] {line}\n"
         with self.lock:
-            self.stream.write(f"[{label}] {line}\n")
-            self.stream.flush()
+            if self.stream is None:
+                return
+            try:
+                try:
+                    self.stream.write(text)
+                except UnicodeEncodeError:
+                    self.stream.write(text.encode("ascii", "backslashreplace").decode("ascii"))
+                self.stream.flush()
+            except OSError:
+                self.stream = None
 
     def say(self, message: str) -> None:
         """A line from the launcher itself, `[launch] message`."""

@@ -139,7 +139,10 @@ def run_workers(
     if gpus is not None:
         shares = (f"worker {i}: {g or '(none)'}" for i, g in enumerate(gpus))
         job.say("CUDA_VISIBLE_DEVICES " + "; ".join(shares))
-    workers = _Workers(command, num_workers, host, dict(os.environ if env is None else env), gpus)
+    task_env = dict(os.environ if env is None else env)
+    if hang_timeout_s is not None:  # the chief's training shows life at least this often
+        task_env["MDTRAIN_HEARTBEAT_S"] = f"{hang_timeout_s / 4:g}"  # mdtrain.heartbeat
+    workers = _Workers(command, num_workers, host, task_env, gpus)
     return job.run(lambda: workers.attempts(job, restarts, hang_timeout_s), noun="workers")
 
 

@@ -157,6 +157,8 @@ class MonitorCallback(keras.callbacks.Callback):
         # step's real global batch size and its input wait; other models leave
         # both unknown.
         step = getattr(self.model, "last_step", None)
+        if self.steps_per_epoch:  # with steps_per_execution, Keras ends an epoch at `steps`
+            batch = min(batch, self.steps_per_epoch - 1)
         self.meter.batch_end(
             batch,
             step.batch_size if step is not None else None,

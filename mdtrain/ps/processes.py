@@ -85,6 +85,8 @@ def _chief(argv: list[str]) -> int:
                        help="fault drill: create --mark-file after this many steps")  # fmt: skip
     extra.add_argument("--mark-file", help="fault drill: the file to create")
     ours, rest = extra.parse_known_args(argv)
+    if ours.log_every < 1:
+        raise UsageError(f"--log-every {ours.log_every}: must be at least 1")
     args = build_parser().parse_args(["train", *rest])
     options = {k: v for k, v in vars(args).items() if k not in ("command", "json")}
     summary = train(

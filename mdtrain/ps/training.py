@@ -82,6 +82,8 @@ def train_steps(
     """
     from mdtrain.loop import build_optimizer
 
+    if log_every < 1:
+        raise ValueError(f"log_every must be at least 1, not {log_every}")
     build_optimizer(trainer)  # on the ps, before any step
     iterator = iter(coord.create_per_worker_dataset(dataset_fn))
 
