@@ -48,6 +48,7 @@ from mdtrain.plan import Position
 NET_FILE, STATE_FILE, MANIFEST_FILE = "net.weights.h5", "state.npz", "MANIFEST.json"
 _CKPT = re.compile(r"^ckpt-(\d{5})-(\d{6})$")
 _TMP_PREFIX = "mdtrain-tmp-"
+_TMP = re.compile(f"^{_TMP_PREFIX}")
 _KEEP = 2
 
 
@@ -292,23 +293,27 @@ def save(backup_dir: str | os.PathLike, trainer, point: ResumePoint) -> Path:
 
 def _ours(folder: Path) -> bool:
     """Whether mdtrain could have written `folder`: it holds nothing but a backup's files."""
-    names = {p.name for p in folder.iterdir()} if folder.is_dir() else {"?"}
-    return names <= {NET_FILE, STATE_FILE, MANIFEST_FILE}
+    return folder.is_dir() and {p.name for p in folder.iterdir()} <= {
+        NET_FILE, STATE_FILE, MANIFEST_FILE
+    }  # fmt: skip
+
+
+def _own_folders(backup_dir: str | os.PathLike, name: re.Pattern) -> list[Path]:
+    """mdtrain's folders in `backup_dir` whose names match `name`, oldest first."""
+    root = Path(backup_dir)
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.iterdir() if name.match(p.name) and _ours(p))
 
 
 def _backups(backup_dir: str | os.PathLike) -> list[Path]:
-    """mdtrain's complete or partial backups in `backup_dir`, oldest first."""
-    root = Path(backup_dir)
-    if not root.is_dir():
-        return []
-    return sorted(p for p in root.glob("ckpt-*") if _CKPT.match(p.name) and _ours(p))
+    """mdtrain's complete or partial backups (`ckpt-*`), oldest first."""
+    return _own_folders(backup_dir, _CKPT)
 
 
 def _unfinished(backup_dir: str | os.PathLike) -> list[Path]:
-    root = Path(backup_dir)
-    if not root.is_dir():
-        return []
-    return sorted(p for p in root.glob(_TMP_PREFIX + "*") if _ours(p))
+    """Saves a killed process left half-written (`mdtrain-tmp-*`)."""
+    return _own_folders(backup_dir, _TMP)
 
 
 def remove_unfinished(backup_dir: str | os.PathLike) -> list[str]:

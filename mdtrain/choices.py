@@ -81,6 +81,12 @@ def check(condition: bool, argument: str, value, problem: str) -> None:
         raise bad_value(argument, value, problem)
 
 
+def check_seed(seed: int) -> int:
+    """Returns `seed` if NumPy and Keras can seed with it, else raises `UsageError`."""
+    check(0 <= seed < 2**32, "seed", seed, "must be in [0, 2**32)")
+    return seed
+
+
 def check_dropout(dropout: float) -> float:
     """Returns `dropout` if it is a rate in [0, 1), else raises `UsageError`."""
     check(0 <= dropout < 1, "dropout", dropout, "must be in [0, 1)")

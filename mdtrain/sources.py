@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw, ImageFilter
 
+from mdtrain.choices import check_seed
 from mdtrain.errors import UsageError
 
 #: Classes of the synthetic demo dataset, in label order.
@@ -159,8 +160,7 @@ def make_synthetic_dataset(
         raise UsageError(f"--per-class {per_class}: must be at least 5")
     if not 16 <= image_size <= 4096:
         raise UsageError(f"--image-size {image_size}: must be between 16 and 4096 pixels")
-    if not 0 <= seed < 2**32:
-        raise UsageError(f"--seed {seed}: must be in [0, 2**32)")
+    check_seed(seed)
     params = dict(
         kind="synth", classes=classes, per_class=per_class, image_size=image_size, seed=seed
     )

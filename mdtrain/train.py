@@ -109,7 +109,7 @@ class TrainConfig:
             self.fine_tune_epochs,
             "needs a pretrained base: pass --weights imagenet or a weights file",
         )
-        c.check(0 <= self.seed < 2**32, "seed", self.seed, "must be in [0, 2**32)")
+        c.check_seed(self.seed)
         for argument in ("output", "backup_dir", "cache_dir"):
             folder = getattr(self, argument)
             c.check(not folder or not Path(folder).exists() or Path(folder).is_dir(),
