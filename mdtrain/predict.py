@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mdtrain.data import SkippedFile
-from mdtrain.errors import UsageError
+from mdtrain.errors import UsageError, bad_value
 from mdtrain.images import is_image_name
 
 #: Models that `model=NAME` can predict with: those with offline ImageNet weights.
@@ -104,9 +104,12 @@ def _run_class_names(model_file: Path, num_outputs: int) -> tuple[list[str], lis
     try:
         names = json.loads(report.read_text())["class_names"]
     except (OSError, ValueError, KeyError, TypeError):
-        note = f"{report}: not found or without class_names; labels are class indices"
-        return [str(i) for i in range(num_outputs)], [note]
-    return list(names), []
+        problem = "not found or without class_names"
+    else:
+        if isinstance(names, list) and len(names) == num_outputs:
+            return [str(name) for name in names], []
+        problem = f"its class names do not fit the model's {num_outputs} outputs (another run's?)"
+    return [str(i) for i in range(num_outputs)], [f"{report}: {problem}; labels are class indices"]
 
 
 def _load(model, model_file, weights: str, image_size: int | None):
@@ -176,8 +179,8 @@ def predict(
         top: how many classes to list per image, best first. Defaults to 5.
         class_names: name of each output; overrides the run's report (and is
             needed for a Keras model object). Defaults to None.
-        image_size: input side for a model without a fixed input size.
-            Defaults to None (the model's own, else 224).
+        image_size: input side for a model without a fixed input size (a model
+            with one refuses another). Defaults to None (the model's own, else 224).
         batch_size: images per prediction batch. Defaults to 32.
 
     Returns:
@@ -200,7 +203,7 @@ def predict(
     files = find_image_files(paths)
     net, names, notes = _load(model, model_file, weights, image_size)
     names = _check_names(list(class_names) if class_names is not None else names, net)
-    size = net.input_shape[1] or image_size or 224
+    size = _input_size(net, image_size)
     from mdtrain.data import find_undecodable
 
     skipped = find_undecodable(files)
@@ -212,6 +215,14 @@ def predict(
         for f, p in zip(kept, probabilities, strict=True)
     ]
     return PredictResult(predictions, skipped, notes)
+
+
+def _input_size(net, image_size: int | None) -> int:
+    fixed = net.input_shape[1]
+    if fixed and image_size and image_size != fixed:
+        problem = f"the model takes {fixed} px images; leave it out"
+        raise bad_value("image_size", image_size, problem)
+    return fixed or image_size or 224
 
 
 def _check_names(names: list[str] | None, net) -> list[str]:

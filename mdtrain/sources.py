@@ -109,8 +109,11 @@ def _write_atomically(out: Path, build) -> Path:
     """Runs `build(tmp_dir)` and renames the result to `out`; refuses an existing `out`."""
     if out.exists():
         raise UsageError(f"{out} already exists; choose a new folder (nothing was overwritten)")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+    except OSError as e:  # a parent that is a file, a read-only folder, ...
+        raise UsageError(f"{out}: cannot create it ({e.strerror}); choose another folder") from None
     try:
         build(tmp)
         os.rename(tmp, out)

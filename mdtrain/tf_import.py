@@ -5,8 +5,9 @@ While its libraries load, TensorFlow (2.19 to at least 2.21) writes absl's
 custom operations are on" straight to the stderr file descriptor, before it
 reads `TF_CPP_MIN_LOG_LEVEL` (tensorflow/tensorflow#100442). A command whose
 promise is "one line on standard error" for bad input cannot let them through.
-Decoding a truncated JPEG, libjpeg also prints "Improper call to JPEG library
-in state 201" there, beside the error TensorFlow raises, which mdtrain reports.
+Decoding a bad JPEG, libjpeg also prints "Improper call to JPEG library in
+state 201" or, through absl, "jpeg_mem.cc:331] Premature end of JPEG data"
+there, beside the error TensorFlow raises, which mdtrain reports.
 """
 
 from __future__ import annotations
@@ -24,7 +25,13 @@ _STARTUP_NOISE = re.compile(
     r"^(I\d{4} [\d:.]+ +\d+ \S+:\d+\]|WARNING: All log messages before absl::InitializeLog|"
     r"To enable the following instructions:)"
 )
-LIBJPEG_NOISE = re.compile(r"^Improper call to JPEG library in state \d+$")
+# libjpeg's own messages about a bad file, straight or through absl (the first one
+# logged brings absl's pre-init notice with it), beside the error TensorFlow raises.
+LIBJPEG_NOISE = re.compile(
+    r"^(Improper call to JPEG library in state \d+$|"
+    r"E\d{4} [\d:.]+ +\d+ jpeg_mem\.cc:\d+\] |"
+    r"WARNING: All log messages before absl::InitializeLog)"
+)
 
 
 @contextlib.contextmanager

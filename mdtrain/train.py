@@ -20,6 +20,18 @@ from mdtrain.errors import UsageError
 OUTPUT_FILES = ("model.keras", "history.json", "report.json")
 
 
+def _folder_problem(folder: Path) -> str | None:
+    """Why mdtrain could not create or write `folder`, or None: checked before training."""
+    if folder.exists():
+        return None if folder.is_dir() else "is a file; pass a folder"
+    parent = next(p for p in folder.absolute().parents if p.exists())
+    if not parent.is_dir():
+        return f"cannot be created: {parent} is a file"
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"cannot be created: {parent} is not writable"
+    return None
+
+
 @dataclass
 class TrainConfig:
     """Every choice of a training run; field names match `mdtrain train` options.
@@ -97,6 +109,13 @@ class TrainConfig:
             self.backup_every_steps,
             "needs a backup folder (--backup-dir)",
         )
+        c.check_seed(self.seed)
+        self._validate_weights()
+        self._validate_folders()
+
+    def _validate_weights(self) -> None:
+        from mdtrain import choices as c
+
         c.check(
             self.fine_tune_epochs == 0 or self.model != "small-cnn",
             "fine_tune_epochs",
@@ -109,17 +128,28 @@ class TrainConfig:
             self.fine_tune_epochs,
             "needs a pretrained base: pass --weights imagenet or a weights file",
         )
-        c.check_seed(self.seed)
-        for argument in ("output", "backup_dir", "cache_dir"):
-            folder = getattr(self, argument)
-            c.check(not folder or not Path(folder).exists() or Path(folder).is_dir(),
-                    argument, folder, "is a file; pass a folder")  # fmt: skip
         c.check(
             self.weights in ("imagenet", "none") or os.path.isfile(self.weights),
             "weights",
             self.weights,
             "no such file; pass imagenet, none, or a weights file",
         )
+        # EfficientNetV2 trains its head on a frozen base: a random base cannot learn.
+        c.check(
+            self.weights != "none" or self.model not in c.EFFICIENTNETS,
+            "model",
+            self.model,
+            "trains only its head on a frozen base, so it needs --weights imagenet or a "
+            "…_notop.h5 file; to train an EfficientNet from scratch use efficientnet-lite0",
+        )
+
+    def _validate_folders(self) -> None:
+        from mdtrain import choices as c
+
+        for argument in ("output", "backup_dir", "cache_dir"):
+            folder = getattr(self, argument)
+            problem = _folder_problem(Path(folder)) if folder else None
+            c.check(problem is None, argument, folder, problem)
         taken = [n for n in OUTPUT_FILES if self.output and (Path(self.output) / n).exists()]
         c.check(not taken, "output", self.output, f"already holds {', '.join(taken)}; "
                 "choose a new folder (nothing was overwritten)")  # fmt: skip
@@ -439,12 +469,24 @@ def _write_outputs(result: TrainResult, chief: bool) -> None:
     Every worker must take part in saving (it can involve collectives), but
     only the chief's files are kept.
     """
-    out = Path(result.output) if chief else Path(tempfile.mkdtemp(prefix="mdtrain-worker-"))
-    out.mkdir(parents=True, exist_ok=True)
-    try:
-        result.model.save(out / "model.keras")
-        (out / "history.json").write_text(json.dumps(result.history, indent=1))
-        (out / "report.json").write_text(json.dumps(result.summary(), indent=1))
-    finally:
-        if not chief:
+    if not chief:
+        out = Path(tempfile.mkdtemp(prefix="mdtrain-worker-"))
+        try:
+            _save(result, out)
+        finally:
             shutil.rmtree(out, ignore_errors=True)
+        return
+    try:
+        _save(result, Path(result.output))
+    except OSError as e:  # the disk filled up, the folder went away, ...: keep the model
+        rescue = Path(tempfile.mkdtemp(prefix="mdtrain-run-"))
+        _save(result, rescue)
+        raise UsageError(f"--output {result.output}: cannot write ({e.strerror or e}); "
+                         f"the run's outputs were saved to {rescue} instead") from None  # fmt: skip
+
+
+def _save(result: TrainResult, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    result.model.save(out / "model.keras")
+    (out / "history.json").write_text(json.dumps(result.history, indent=1))
+    (out / "report.json").write_text(json.dumps(result.summary(), indent=1))

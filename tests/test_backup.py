@@ -70,10 +70,11 @@ def test_a_save_never_replaces_a_folder_of_the_users(tmp_path):
     assert save(tmp_path, trainer, ResumePoint(2, 0)).name == "ckpt-00002-000000"
 
 
-# Three runs of 3 epochs in one fresh process, deterministic, on one device: uninterrupted;
-# stopped when epoch 3 begins (its backup after epoch 2 written), then run again; and one
+# Runs of 3 epochs in one fresh process, deterministic, on one device: uninterrupted;
+# stopped when epoch 3 begins (its backup after epoch 2 written), then run again; one
 # whose backups outlive its end (as when a run dies after its last backup, before its
-# outputs), run again with a new --output; then again asking for fewer epochs.
+# outputs), run again with a new --output; then again asking for fewer epochs; and one
+# whose --output cannot be written when it ends.
 _RUNS = """
 import json, sys
 import keras
@@ -105,7 +106,20 @@ try:
     fewer = "trained"
 except UsageError as error:
     fewer = str(error)
+
+class TakeTheOutputsPlace(keras.callbacks.Callback):  # a file appears where --output goes
+    def on_train_end(self, logs=None):
+        open(f"{work}/taken", "w").close()
+
+try:
+    train(TrainConfig(**base, output=f"{work}/taken"), callbacks=[TakeTheOutputsPlace()])
+    rescued = "saved"
+except UsageError as error:
+    rescued = str(error)
+rescue = rescued.rsplit(" saved to ", 1)[-1].split(" instead")[0]
 print(json.dumps({
+    "rescued": rescued,
+    "rescued_vs_whole": max_weight_difference(f"{rescue}/model.keras", f"{work}/whole/model.keras"),
     "whole": whole.history, "resumed": resumed.history,
     "first": first.history, "again": again.history, "fewer": fewer,
     "resumed_vs_whole": max_weight_difference(f"{work}/b/model.keras", f"{work}/whole/model.keras"),
@@ -124,7 +138,7 @@ def runs(tiny_dataset, tmp_path_factory) -> dict:
         capture_output=True,
         text=True,
         timeout=600,
-        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "TMPDIR": str(work)},  # rescues there
     )
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -141,3 +155,10 @@ def test_a_backup_at_the_very_end_gives_the_trained_model(runs):
     assert runs["again_vs_first"] == 0.0  # not the untrained model
     assert runs["again"] == runs["first"] and runs["again_report_epochs"] == 3
     assert "its backup is at epoch 3, past this run's 2" in runs["fewer"]
+
+
+@pytest.mark.slow
+def test_outputs_that_cannot_be_written_are_saved_elsewhere(runs):
+    """A finished run whose --output went away keeps its model, and says where (exit 2)."""
+    assert "--output" in runs["rescued"] and "cannot write" in runs["rescued"]
+    assert runs["rescued_vs_whole"] == 0.0  # the trained model, whole

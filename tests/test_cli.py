@@ -125,6 +125,13 @@ def _tree(root, spec):
         (["train", "--output", "README.md"], "--output README.md: is a file"),
         (["train", "--backup-dir", "README.md"], "--backup-dir README.md: is a file"),
         (["train", "--cache-dir", "README.md"], "--cache-dir README.md: is a file"),
+        # Under a file: refused before training, not a traceback when the model is saved.
+        (["train", "--output", "README.md/run"], "--output README.md/run: cannot be created"),
+        (["train", "--backup-dir", "README.md/b"], "--backup-dir README.md/b: cannot be created"),
+        (["train", "--cache-dir", "README.md/c"], "--cache-dir README.md/c: cannot be created"),
+        (["train", "--model", "efficientnetv2-b0"], "needs --weights imagenet"),
+        (["data", "synth", "README.md/x"], "README.md/x: cannot create it"),
+        (["data", "digits", "README.md/x"], "README.md/x: cannot create it"),
         (["data", "synth", "x", "--image-size", "100000"], "between 16 and 4096"),
         (["data", "synth", "x", "--seed", "-1"], "--seed -1"),
         (["train", "--epochs"], "expected one argument"),
@@ -175,6 +182,17 @@ def test_imagenet_weights_offline_is_a_clear_error(tiny_dataset):
     proc = run_mdtrain("train", "--data", str(tiny_dataset), "--model", "efficientnetv2-b0",
                        "--weights", "imagenet", *TRAIN_FAST, env=offline)  # fmt: skip
     _assert_usage_error(proc, "could not download the ImageNet weights")
+
+
+def test_a_truncated_jpeg_is_reported_once_without_libjpegs_own_lines(tiny_dataset, tmp_path):
+    data = tmp_path / "d"
+    shutil.copytree(tiny_dataset / "train", data)
+    whole = sorted((data / "circle").glob("*.jpg"))[0].read_bytes()
+    (data / "circle" / "cut.jpg").write_bytes(whole[: len(whole) * 2 // 3])  # a broken download
+    proc = run_mdtrain("data", "check", str(data), env={"MDTRAIN_CACHE_DIR": str(tmp_path / "c")})
+    assert proc.returncode == 0, proc.stderr
+    assert "cut.jpg" in proc.stdout
+    assert "jpeg" not in proc.stderr.lower() and "absl" not in proc.stderr, proc.stderr
 
 
 def test_data_check_missing_folder(tmp_path):

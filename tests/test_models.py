@@ -94,11 +94,19 @@ def test_local_weights_file(tmp_path, b0):
     )
 
 
-def test_weights_file_of_another_model_is_a_usage_error(tmp_path):
+@pytest.mark.parametrize("name", ["efficientnetv2-b0", "efficientnet-lite0"])
+def test_weights_file_of_another_model_is_one_line_and_no_warnings(tmp_path, name):
+    """Keras lists every layer that does not fit (99 for Lite0) and warns for each first."""
+    import warnings
+
     path = tmp_path / "small.weights.h5"
     build_model("small-cnn", 5, 24).save_weights(path)
-    with pytest.raises(UsageError, match="cannot be loaded"):
-        build_model("efficientnetv2-b0", 5, SIZE, weights=str(path))
+    with warnings.catch_warnings(record=True) as caught, pytest.raises(UsageError) as error:
+        warnings.simplefilter("always")
+        build_model(name, 5, SIZE, weights=str(path))
+    assert f"cannot be loaded into {name}" in str(error.value)
+    assert len(str(error.value).splitlines()) == 1
+    assert not caught
 
 
 @pytest.mark.parametrize(

@@ -6,6 +6,7 @@ import json
 import shutil
 from pathlib import Path
 
+import keras
 import numpy as np
 import pytest
 
@@ -74,6 +75,19 @@ def test_labels_without_a_report_and_bad_class_names(run_dir, tiny_dataset, tmp_
     assert {t["label"] for t in result.predictions[0].top} == {"0", "1", "2"}  # top 9 → all 3
     with pytest.raises(UsageError, match="3 outputs but 2 class names"):
         predict([folder], model_file=run_dir / "model.keras", class_names=["a", "b"])
+
+
+def test_another_runs_report_and_a_contradicting_image_size(run_dir, tiny_dataset, tmp_path):
+    shutil.copy(run_dir / "model.keras", tmp_path / "model.keras")
+    (tmp_path / "report.json").write_text('{"class_names": ["a", "b"]}')  # another run's
+    folder = tiny_dataset / "train" / "circle"
+    result = predict([folder], model_file=tmp_path / "model.keras", top=3)
+    assert "do not fit the model's 3 outputs" in result.notes[0]
+    assert {t["label"] for t in result.predictions[0].top} == {"0", "1", "2"}
+    size = keras.models.load_model(run_dir / "model.keras").input_shape[1]
+    with pytest.raises(UsageError, match=f"image_size={size + 8}: the model takes {size} px"):
+        predict([folder], model_file=run_dir / "model.keras", image_size=size + 8)
+    assert predict([folder], model_file=run_dir / "model.keras", image_size=size).predictions
 
 
 @pytest.mark.parametrize(
