@@ -19,18 +19,18 @@ import sys
 import tempfile
 from collections.abc import Iterator
 
+_ABSL_NOTICE = r"WARNING: All log messages before absl::InitializeLog"
 # INFO lines ("I0000 00:00:1795… 123 port.cc:153] …"), absl's pre-init notice, and
 # the second line of the CPU-feature notice.
 _STARTUP_NOISE = re.compile(
-    r"^(I\d{4} [\d:.]+ +\d+ \S+:\d+\]|WARNING: All log messages before absl::InitializeLog|"
-    r"To enable the following instructions:)"
+    rf"^(I\d{{4}} [\d:.]+ +\d+ \S+:\d+\]|{_ABSL_NOTICE}|To enable the following instructions:)"
 )
 # libjpeg's own messages about a bad file, straight or through absl (the first one
 # logged brings absl's pre-init notice with it), beside the error TensorFlow raises.
 LIBJPEG_NOISE = re.compile(
     r"^(Improper call to JPEG library in state \d+$|"
     r"E\d{4} [\d:.]+ +\d+ jpeg_mem\.cc:\d+\] |"
-    r"WARNING: All log messages before absl::InitializeLog)"
+    rf"{_ABSL_NOTICE})"
 )
 
 
