@@ -136,6 +136,24 @@ def sample_transforms(batch_size, policy: AugmentPolicy, seed) -> dict[str, tf.T
     }
 
 
+#: The order of `sample_transforms`' parameters in a packed (batch, 6) tensor.
+TRANSFORM_PARAMETERS = ("theta", "zx", "zy", "flip", "brightness", "contrast")
+
+
+def pack_transforms(params: dict[str, tf.Tensor]) -> tf.Tensor:
+    """`sample_transforms`' dict as one float32 tensor of shape (batch, 6).
+
+    One tensor travels with the images through `tf.data` and a strategy's
+    split of the global batch, so each replica gets its own examples' rows.
+    """
+    return tf.stack([params[name] for name in TRANSFORM_PARAMETERS], axis=1)
+
+
+def unpack_transforms(packed: tf.Tensor) -> dict[str, tf.Tensor]:
+    """The inverse of `pack_transforms`."""
+    return {name: packed[:, i] for i, name in enumerate(TRANSFORM_PARAMETERS)}
+
+
 def transform_matrices(params: dict[str, tf.Tensor], height: int, width: int) -> tf.Tensor:
     """Composes rotation, zoom and flip into the 8-parameter form TensorFlow expects.
 
@@ -307,11 +325,34 @@ def augment_batch(images: tf.Tensor, policy: AugmentPolicy, seed, kernel: str = 
     >>> augment_batch(batch, AugmentPolicy(), tf.constant([1, 2])).shape
     TensorShape([8, 64, 64, 3])
     """
+    params = sample_transforms(tf.shape(images)[0], policy, seed)
+    return apply_policy(images, policy, params, kernel)
+
+
+def apply_policy(
+    images: tf.Tensor, policy: AugmentPolicy, params: dict[str, tf.Tensor], kernel: str = "xla"
+) -> tf.Tensor:
+    """Applies transforms drawn already (`sample_transforms`) in one pass.
+
+    Drawing and applying are apart so that they can run in different places:
+    the input pipeline draws a batch's transforms from the step's seed, and a
+    replica applies its slice of them on its own device (`mdtrain train
+    --augment-in model`), to the same pixels the pipeline would have made.
+
+    Args:
+        images: tensor of shape (batch, height, width, channels), uint8 or float.
+        policy: the `AugmentPolicy` the parameters were drawn for (its fill
+            mode and interpolation).
+        params: output of `sample_transforms` (or `unpack_transforms`) for the batch.
+        kernel: resampling kernel, see `apply_transforms`. Defaults to `"xla"`.
+
+    Returns:
+        The augmented batch, same shape and dtype.
+    """
     if not policy.has_geometry and not policy.has_colour:
         return images
     # From the tensor's shape, which is also known where the static shape is not.
     height, width = tf.unstack(tf.cast(tf.shape(images)[1:3], tf.float32))
-    params = sample_transforms(tf.shape(images)[0], policy, seed)
     matrices = transform_matrices(params, height, width)
     gain, offset = colour_gain_offset(images, params) if policy.has_colour else (None, None)
     return apply_transforms(

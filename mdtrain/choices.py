@@ -64,6 +64,8 @@ def check_strategy_name(name: str) -> str:
 
 CACHE_MODES = ("auto", "memory", "disk", "none")
 LOOPS = ("fit", "custom")
+#: Where `mdtrain train --augment-in` applies the augmentation; auto: in the model on GPUs.
+AUGMENT_IN = ("auto", "pipeline", "model")
 CLASS_WEIGHTS = ("auto", "none")
 MONITOR_DISPLAYS = ("auto", "widget", "text", "none")
 

@@ -72,7 +72,7 @@ def _add_data(sub) -> None:
 
 
 def _add_train(sub) -> None:
-    from mdtrain.choices import CLASS_WEIGHTS, LITE0, LOOPS, MODELS, STRATEGIES
+    from mdtrain.choices import AUGMENT_IN, CLASS_WEIGHTS, LITE0, LOOPS, MODELS, STRATEGIES
     from mdtrain.train import TrainConfig  # no TensorFlow at import
 
     t = sub.add_parser("train", help="train an image classifier under a distribution strategy")
@@ -110,6 +110,9 @@ def _add_train(sub) -> None:
                    help="float16 on GPUs (loss-scaled), bfloat16 elsewhere")  # fmt: skip
     t.add_argument("--no-augment", dest="augment", action="store_false", help="train without "
                    "random flips, rotations and zooms")  # fmt: skip
+    t.add_argument("--augment-in", help=f"{', '.join(AUGMENT_IN)}: augment in the input "
+                   "pipeline (CPU) or in the training step (each replica's device); auto: "
+                   "in the model when the replicas are GPUs")  # fmt: skip
     t.add_argument("--dropout", type=float, help="dropout before the last layer")
     t.add_argument("--class-weight", help=f"{' or '.join(CLASS_WEIGHTS)}: "
                    "auto weighs the loss to balance classes")  # fmt: skip

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import keras
 import tensorflow as tf
 
+from mdtrain.augment import apply_policy, unpack_transforms
 from mdtrain.compat import BuildWithoutSampleBatch
 from mdtrain.norm import example_weights
 
@@ -148,6 +149,10 @@ class ExactTrainer(BuildWithoutSampleBatch, keras.Model):
         net: the classifier (images in, class probabilities out).
         class_weights: optional weight per class, multiplied into each
             example's loss (Keras' `class_weight` meaning). Defaults to None.
+        augment: the `AugmentPolicy` to apply inside the training step, on
+            each replica's device, to batches that come as `(images, labels,
+            transforms)` (`InputData(augment_in="model")`); None when the
+            batches come augmented or not at all. Defaults to None.
 
     Example:
 
@@ -156,9 +161,10 @@ class ExactTrainer(BuildWithoutSampleBatch, keras.Model):
     >>> trainer.fit(train_ds, epochs=3)
     """
 
-    def __init__(self, net: keras.Model, class_weights=None, **kwargs):
+    def __init__(self, net: keras.Model, class_weights=None, augment=None, **kwargs):
         super().__init__(**kwargs)
         self.net = net
+        self.augment = augment
         self.class_weights = (
             None if class_weights is None else tf.constant(class_weights, tf.float32)
         )
@@ -247,7 +253,7 @@ class ExactTrainer(BuildWithoutSampleBatch, keras.Model):
     def _descend(self, data):
         """Applies one replica's gradients; returns the global example count and
         `(labels, probabilities, losses, weights)` for the metrics."""
-        images, labels, weights, count = pad_empty_slice(*data)
+        images, labels, weights, count = pad_empty_slice(*self._augmented(data))
         global_count = global_example_count(count)
         with tf.GradientTape() as tape, example_weights(weights):
             probabilities = self.net(images, training=True)
@@ -260,6 +266,18 @@ class ExactTrainer(BuildWithoutSampleBatch, keras.Model):
         gradients = tape.gradient(scaled, variables)
         self.optimizer.apply(gradients, variables)  # all-reduces (sums) across replicas
         return global_count, (labels, probabilities, losses, weights)
+
+    def _augmented(self, data):
+        """`(images, labels)`, the images augmented here when the batch carries transforms."""
+        if len(data) == 2:
+            return data
+        if self.augment is None:
+            raise ValueError(
+                "ExactTrainer: the batches carry transforms (InputData(augment_in='model')) "
+                "but the trainer has no policy to apply them: pass augment=the policy"
+            )
+        images, labels, transforms = data
+        return apply_policy(images, self.augment, unpack_transforms(transforms)), labels
 
     def train_one_step(self, iterator) -> StepStats:
         """Fetches one distributed batch from `iterator` and trains on it.

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import tensorflow as tf
 
-from mdtrain.augment import AugmentPolicy, augment_batch
+from mdtrain.augment import AugmentPolicy, apply_policy, pack_transforms, sample_transforms
 from mdtrain.data import ImageList, SkippedFile, Splits, cache_folder, tf_paths
 from mdtrain.disk_cache import cache_prefix, claim
 from mdtrain.distribute import shard_by_batch
@@ -130,6 +130,9 @@ def epoch_seed(seed, epoch: int):
     return tf.cast(seed, tf.int64) * 1_000_003 + epoch
 
 
+#: Where `InputData` leaves the augmentation: applied in the pipeline, or drawn for the model.
+AUGMENT_PLACES = ("pipeline", "model")
+
 #: The values of `InputData(cache=...)` and of `mdtrain train --cache`.
 CACHE_MODES = ("auto", "memory", "disk", "none")
 
@@ -202,6 +205,12 @@ class InputData:
         seed: seed of the shuffle and the augmentation. Defaults to 0.
         shuffle: shuffle the training images every epoch. Defaults to True.
         augment: the `AugmentPolicy`, or None for none. Defaults to `AugmentPolicy()`.
+        augment_in: `"pipeline"`: the batches come augmented; `"model"`: they
+            come as `(images, labels, transforms)`, each image with its
+            drawn transform parameters (`mdtrain.augment.pack_transforms`),
+            for the training step to apply on the replica's device
+            (`ExactTrainer(augment=policy)`), to the same pixels. Defaults
+            to `"pipeline"`.
         cache: `"auto"`, `"memory"`, `"disk"` or `"none"` (see
             `resolve_cache`; True and False mean `"memory"` and `"none"`).
             Defaults to `"auto"`.
@@ -225,12 +234,15 @@ class InputData:
     seed: int = 0
     shuffle: bool = True
     augment: AugmentPolicy | None = field(default_factory=AugmentPolicy)
+    augment_in: str = "pipeline"
     cache: bool | str = "auto"
     deterministic: bool = False
     cache_dir: str | os.PathLike | None = None
     cache_task: str | None = None
 
     def __post_init__(self) -> None:
+        if self.augment_in not in AUGMENT_PLACES:
+            raise ValueError(f"augment_in {self.augment_in!r}: expected one of {AUGMENT_PLACES}")
         self.cache_mode = resolve_cache(
             self.cache, self.num_train + self.num_val, self.image_size, self.cache_dir
         )
@@ -327,12 +339,15 @@ class InputData:
             ds = self._decode(names, self.deterministic)
         ds = ds.batch(self.global_batch_size)
         if self.augment is not None:
-            policy, seed = self.augment, self.seed
+            policy, seed, in_model = self.augment, self.seed, self.augment_in == "model"
 
             def augment(step, batch):
                 images, labels = batch
                 step_seed = tf.stack([tf.constant(seed, tf.int64), epoch_seed(step, epoch)])
-                return augment_batch(images, policy, step_seed), labels
+                params = sample_transforms(tf.shape(images)[0], policy, step_seed)
+                if in_model:  # drawn here, applied by each replica to its slice
+                    return images, labels, pack_transforms(params)
+                return apply_policy(images, policy, params), labels
 
             ds = ds.enumerate().map(augment, num_parallel_calls=AUTOTUNE)
         return ds

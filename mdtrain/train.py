@@ -57,6 +57,7 @@ class TrainConfig:
     loop: str = "fit"
     mixed_precision: bool = False
     augment: bool = True
+    augment_in: str = "auto"
     dropout: float = 0.2
     class_weight: str = "none"
     seed: int = 0
@@ -81,6 +82,7 @@ class TrainConfig:
             c.check_image_size(self.model, self.image_size)
         for argument, options in (
             ("loop", c.LOOPS),
+            ("augment_in", c.AUGMENT_IN),
             ("class_weight", c.CLASS_WEIGHTS),
             ("cache", c.CACHE_MODES),
             ("monitor", c.MONITOR_DISPLAYS),
@@ -176,6 +178,7 @@ class TrainResult:
     model: object = field(repr=False, default=None)
     monitor_summary: dict | None = None
     is_chief: bool = True  # False on the other workers of a multi-worker run
+    augment_in: str | None = None  # where augmentation ran: "pipeline", "model", None (none)
 
     def summary(self) -> dict:
         return {
@@ -190,6 +193,7 @@ class TrainResult:
             "skipped_files": self.skipped_files,
             "output": self.output,
             "monitor": self.monitor_summary,
+            "augment_in": self.augment_in,
             "config": dataclasses.asdict(self.config),
         }
 
@@ -229,6 +233,30 @@ def train(config: TrainConfig, callbacks: list | None = None) -> TrainResult:
     return result
 
 
+def augment_place(config: TrainConfig, replica_devices) -> str | None:
+    """Where the run augments: `"pipeline"`, `"model"`, or None when it does not.
+
+    `auto` augments in the model when every replica is a GPU: there the warp
+    is a small kernel beside the model's, and the CPU threads, which often
+    cannot decode and warp as fast as the GPUs train, are left to decode.
+    On CPU replicas the step and the pipeline share the same cores, and the
+    pipeline overlaps its work with the step.
+
+    Args:
+        config: the run's `TrainConfig` (`augment`, `augment_in`).
+        replica_devices: the strategy's replica devices
+            (`strategy.extended.worker_devices`).
+    """
+    if not config.augment:
+        return None
+    if config.augment_in != "auto":
+        return config.augment_in
+    import tensorflow as tf
+
+    kinds = {tf.DeviceSpec.from_string(device).device_type for device in replica_devices}
+    return "model" if kinds == {"GPU"} else "pipeline"
+
+
 class _Run:
     """The runner: sets a run up, then carries out its plan (`mdtrain.plan`) segment by segment."""
 
@@ -247,6 +275,7 @@ class _Run:
             tf.config.experimental.enable_op_determinism()
         self.chief = is_chief(self.strategy)
         self.config = config if self.chief else dataclasses.replace(config, verbose=0)
+        self.augment_in = augment_place(config, self.strategy.extended.worker_devices)
         self.inputs = self._input_data()
         self.geometry = BatchGeometry(
             self.inputs.num_train, self.inputs.global_batch_size, self.replicas
@@ -282,6 +311,7 @@ class _Run:
             global_batch,
             seed=config.seed,
             augment=AugmentPolicy() if config.augment else None,
+            augment_in=self.augment_in or "pipeline",
             cache=config.cache,
             cache_dir=config.cache_dir,
             deterministic=config.deterministic,
@@ -311,6 +341,9 @@ class _Run:
         )
         for s in splits.skipped[:10]:
             self._say(f"  skipped {s.path}: {s.reason}")
+        if self.augment_in == "model":
+            self._say("augmentation: drawn by the input pipeline, applied in the training step "
+                      "on each replica's device")  # fmt: skip
 
     def _build_trainer(self):
         import keras
@@ -331,7 +364,8 @@ class _Run:
             with self.strategy.scope():
                 net = build_model(config.model, len(self.splits.class_names), size,
                                   config.weights, config.dropout)  # fmt: skip
-                trainer = ExactTrainer(net, class_weights)
+                augment = self.inputs.augment if self.augment_in == "model" else None
+                trainer = ExactTrainer(net, class_weights, augment=augment)
                 trainer.build((None, size, size, 3))
         finally:
             keras.mixed_precision.set_dtype_policy(previous)
@@ -395,6 +429,7 @@ class _Run:
             model=self.trainer.net,
             monitor_summary=summary.to_dict(),
             is_chief=self.chief,
+            augment_in=self.augment_in,
         )
 
     def _say(self, text: str) -> None:

@@ -144,9 +144,9 @@ def _train_args(data, epochs: int, learning_rate: float = 0.01) -> list[str]:
 @pytest.mark.slow
 def test_training_goes_on_when_a_worker_is_killed(tiny_dataset):
     out = io.StringIO()
-    summary = ps.run_local(
-        _train_args(tiny_dataset, 6), log_every=3, kill_worker=1, kill_after=6, stream=out
-    )
+    # Augmenting in the workers' training steps (the pipeline draws, the step applies).
+    args = [*_train_args(tiny_dataset, 6), "--augment-in", "model"]
+    summary = ps.run_local(args, log_every=3, kill_worker=1, kill_after=6, stream=out)
     log = out.getvalue()
     assert summary["exit_code"] == 0, log
     assert summary["completed"] == summary["scheduled"] == 6 * 3  # 24 images / 8 per step

@@ -131,6 +131,11 @@ def check_config(config) -> None:
         raise UsageError(f"{_NO_DISK_CACHE} (see notebooks/07_choosing_a_strategy.ipynb)")
 
 
+def _augment_in(config) -> str:
+    # The coordinator cannot see the workers' devices, so auto means the pipeline here.
+    return "model" if config.augment and config.augment_in == "model" else "pipeline"
+
+
 def _dataset_fn(splits, image_size: int, batch_size: int, config):
     from mdtrain.augment import AugmentPolicy
     from mdtrain.pipeline import InputData
@@ -143,6 +148,7 @@ def _dataset_fn(splits, image_size: int, batch_size: int, config):
             batch_size,
             seed=config.seed,
             augment=AugmentPolicy() if config.augment else None,
+            augment_in=_augment_in(config),
             # In each worker's memory: a disk cache would be one set of files for all.
             cache="none" if config.cache in ("none", False) else "memory",
         )
@@ -251,6 +257,7 @@ def _splits_and_batch(config):
 
 def _compiled_trainer(config, strategy, splits):
     """An `ExactTrainer` of `config`'s model; its variables live on the parameter servers."""
+    from mdtrain.augment import AugmentPolicy
     from mdtrain.imbalance import class_weights_for
     from mdtrain.loop import ExactTrainer
     from mdtrain.models import build_model
@@ -262,7 +269,8 @@ def _compiled_trainer(config, strategy, splits):
         net = build_model(
             config.model, len(classes), config.resolved_image_size, config.weights, config.dropout
         )
-        trainer = ExactTrainer(net, class_weights=weights)
+        augment = AugmentPolicy() if _augment_in(config) == "model" else None
+        trainer = ExactTrainer(net, class_weights=weights, augment=augment)
         trainer.compile(optimizer=keras.optimizers.Adam(config.learning_rate))
     return trainer
 

@@ -1,0 +1,114 @@
+"""`--augment-in model`: the pipeline draws each image's transforms, the replica applies them.
+
+The model path must make the very pixels the pipeline path makes, so a run
+that augments on its replicas trains to the weights, bit for bit, of one that
+augments in its input pipeline (whose batches are split across replicas after
+augmenting, as `tests/test_numerics.py` checks against one device).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from mdtrain.augment import AugmentPolicy, apply_policy, unpack_transforms
+from mdtrain.data import load_splits
+from mdtrain.loop import ExactTrainer
+from mdtrain.pipeline import InputData
+from mdtrain.train import TrainConfig, augment_place
+
+POLICY = AugmentPolicy(brightness=(0.8, 1.2), contrast=0.2)
+GPU = "/job:localhost/replica:0/task:0/device:GPU:{}"
+CPU = "/job:localhost/replica:0/task:0/device:CPU:0"
+
+
+def _inputs(tiny_dataset, augment_in: str) -> InputData:
+    splits = load_splits(str(tiny_dataset / "train"), None, 0.0, 0)
+    return InputData(splits, 32, 10, augment=POLICY, augment_in=augment_in, cache="memory")
+
+
+def test_the_model_path_makes_the_pixels_the_pipeline_makes(tiny_dataset):
+    augmented = list(_inputs(tiny_dataset, "pipeline").epoch_batches(1))
+    drawn = list(_inputs(tiny_dataset, "model").epoch_batches(1))
+    assert [len(batch) for batch in drawn] == [3] * len(augmented)
+    for (want, labels), (images, got_labels, transforms) in zip(augmented, drawn, strict=True):
+        assert transforms.shape == (images.shape[0], 6)
+        got = apply_policy(images, POLICY, unpack_transforms(transforms))
+        np.testing.assert_array_equal(got.numpy(), want.numpy())
+        np.testing.assert_array_equal(got_labels.numpy(), labels.numpy())
+        assert not np.array_equal(images.numpy(), want.numpy())  # it was augmented
+
+
+# Three runs of `train` in a fresh process (a strategy's collectives outlive it in the
+# process that ran it): on two replicas, augmenting in the pipeline with `fit`, in the
+# model with the custom loop, and not at all. 24 images in batches of 10: the last batch
+# splits 2 + 2 over the replicas.
+_RUNS = """
+import json, sys
+from mdtrain.distribute import configure_devices
+configure_devices("cpu:2")
+from mdtrain.numerics import max_relative_difference
+from mdtrain.train import TrainConfig, train
+
+def run(**options):
+    result = train(TrainConfig(data=sys.argv[1], image_size=32, epochs=2, global_batch_size=10,
+                               dropout=0.0, cache="memory", monitor="none", deterministic=True,
+                               verbose=0, strategy="cpu:2", **options))
+    return result.summary()["augment_in"], result.model.get_weights()
+
+pipeline = run(augment_in="pipeline")
+model = run(augment_in="model", loop="custom")
+unaugmented = run(augment=False)
+print(json.dumps({
+    "places": [pipeline[0], model[0], unaugmented[0]],
+    "model_vs_pipeline": max_relative_difference(model[1], pipeline[1]),
+    "model_vs_unaugmented": max_relative_difference(model[1], unaugmented[1]),
+}))
+"""
+
+
+@pytest.mark.slow
+def test_augmenting_on_the_replicas_trains_like_augmenting_in_the_pipeline(tiny_dataset):
+    done = subprocess.run([sys.executable, "-c", _RUNS, str(tiny_dataset / "train")],
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["places"] == ["pipeline", "model", None]
+    assert result["model_vs_pipeline"] == 0.0  # bit for bit
+    # ... and the augmentation did change what the model learnt from.
+    assert result["model_vs_unaugmented"] > 1e-3
+
+
+@pytest.mark.parametrize(
+    ("options", "devices", "place"),
+    [
+        ({}, [GPU.format(0), GPU.format(1)], "model"),
+        ({}, [CPU], "pipeline"),
+        ({}, [GPU.format(0), CPU], "pipeline"),
+        ({"augment_in": "model"}, [CPU], "model"),
+        ({"augment_in": "pipeline"}, [GPU.format(0)], "pipeline"),
+        ({"augment": False}, [GPU.format(0)], None),
+    ],
+)
+def test_auto_augments_in_the_model_when_every_replica_is_a_gpu(options, devices, place):
+    assert augment_place(TrainConfig(**options), devices) == place
+
+
+def test_transforms_without_a_policy_are_refused_not_ignored():
+    trainer = ExactTrainer(tf.keras.Sequential([tf.keras.layers.Flatten()]))
+    batch = (tf.zeros([2, 8, 8, 3], tf.uint8), tf.zeros([2], tf.int32), tf.zeros([2, 6]))
+    with pytest.raises(ValueError, match="pass augment=the policy"):
+        trainer._augmented(batch)
+
+
+def test_a_bad_place_is_one_line(capsys):
+    from mdtrain.cli import main
+
+    assert main(["train", "--augment-in", "gpu"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--augment-in" in err and "auto, pipeline, model" in err and "\n" not in err
