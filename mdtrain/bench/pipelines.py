@@ -47,6 +47,7 @@ RATIOS = {
     "noaug_vs_raw_decode": ("tfdata_noaug", "raw_decode"),
     "cached_vs_raw_decode": ("tfdata_cached", "raw_decode"),
     "nearest_vs_noaug": ("tfdata_nearest", "tfdata_noaug"),
+    "augment_in_model_vs_noaug": ("tfdata_augment_in_model", "tfdata_noaug"),
     "cached_augment_vs_raw_decode": ("tfdata_cached_augment", "raw_decode"),
     "keras_layers_vs_keras_directory": ("keras_directory_layers", "keras_directory"),
     "fused_layer_vs_keras_layers": ("keras_directory_fused", "keras_directory_layers"),
@@ -66,6 +67,7 @@ PIPELINE_KEYS = {
     "keras_directory_fused": "image_dataset_from_directory + FusedAugmentation",
     "tfdata": "mdtrain + augment",
     "tfdata_nearest": "mdtrain + augment, nearest sampling",
+    "tfdata_augment_in_model": "mdtrain, augment in the model: the pipeline's part",
     "tfdata_noaug": "mdtrain, no augment",
     "raw_decode": "raw decode + resize",
     "tfdata_cached_augment": "mdtrain + augment, cached epoch",
@@ -82,7 +84,9 @@ NOTES = (
     "keras_directory_fused: keras_directory_layers with the five layers replaced by mdtrain's "
     "one FusedAugmentation layer. "
     "tfdata*: InputData with cache='none' (every epoch decodes); tfdata_cached*: a later epoch "
-    "of cache='memory'. Augmented variants: flip, rotation 20 deg, zoom 0.15, brightness "
+    "of cache='memory'; tfdata_augment_in_model: InputData(augment_in='model'), the pipeline "
+    "draws each image's transforms and the training step applies them, so it times the input "
+    "pipeline's part only. Augmented variants: flip, rotation 20 deg, zoom 0.15, brightness "
     "(0.8, 1.2), contrast 0.2."
 )
 
@@ -292,6 +296,10 @@ def _pipeline_variants(data_dir: Path, image_size: int, batch_size: int):
         "tfdata_nearest": _input_data_variant(
             *args, "none", augment=bench_policy(interpolation="nearest")
         ),
+        # --augment-in model: the pipeline only draws the transforms; the step applies them.
+        "tfdata_augment_in_model": _input_data_variant(
+            *args, "none", augment=policy, augment_in="model"
+        ),
         "tfdata_noaug": _input_data_variant(*args, "none", augment=None),
         "raw_decode": whole_epochs(raw, steps),
         "tfdata_cached_augment": _input_data_variant(*args, "memory", augment=policy),
@@ -391,8 +399,10 @@ def pipeline_benchmark(
     `keras_directory` and `keras_directory_layers` (what Keras users write,
     `keras_directory`), `keras_directory_fused` (the same recipe with
     mdtrain's `FusedAugmentation` layer in place of Keras' five), `tfdata`,
-    `tfdata_nearest` and `tfdata_noaug` (`InputData` streaming every epoch:
-    augmented, augmented with nearest sampling, not augmented),
+    `tfdata_nearest`, `tfdata_augment_in_model` and `tfdata_noaug`
+    (`InputData` streaming every epoch: augmented, augmented with nearest
+    sampling, only the transforms drawn for the training step to apply
+    (`augment_in="model"`), not augmented),
     `tfdata_cached` and `tfdata_cached_augment` (a later epoch from the memory
     cache) and `raw_decode` (decode + resize only, all cores).
 
