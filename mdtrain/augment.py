@@ -136,24 +136,6 @@ def sample_transforms(batch_size, policy: AugmentPolicy, seed) -> dict[str, tf.T
     }
 
 
-#: The order of `sample_transforms`' parameters in a packed (batch, 6) tensor.
-TRANSFORM_PARAMETERS = ("theta", "zx", "zy", "flip", "brightness", "contrast")
-
-
-def pack_transforms(params: dict[str, tf.Tensor]) -> tf.Tensor:
-    """`sample_transforms`' dict as one float32 tensor of shape (batch, 6).
-
-    One tensor travels with the images through `tf.data` and a strategy's
-    split of the global batch, so each replica gets its own examples' rows.
-    """
-    return tf.stack([params[name] for name in TRANSFORM_PARAMETERS], axis=1)
-
-
-def unpack_transforms(packed: tf.Tensor) -> dict[str, tf.Tensor]:
-    """The inverse of `pack_transforms`."""
-    return {name: packed[:, i] for i, name in enumerate(TRANSFORM_PARAMETERS)}
-
-
 def transform_matrices(params: dict[str, tf.Tensor], height: int, width: int) -> tf.Tensor:
     """Composes rotation, zoom and flip into the 8-parameter form TensorFlow expects.
 
@@ -187,23 +169,63 @@ def transform_matrices(params: dict[str, tf.Tensor], height: int, width: int) ->
     return tf.stack([a0, a1, a2, b0, b1, b2, zero, zero], axis=1)
 
 
-def colour_gain_offset(
-    images: tf.Tensor, params: dict[str, tf.Tensor]
-) -> tuple[tf.Tensor, tf.Tensor]:
-    """Brightness then contrast as one per-image gain and per-image, per-channel offset.
+def pack_transforms(params: dict[str, tf.Tensor], height, width) -> tf.Tensor:
+    """Each image's whole transform, composed once, as one row of 8 numbers.
 
-    `v * b` then `(v' - mean') * c + mean'` (with `mean' = b * mean`, the
-    channel's mean over the source image) is `v * (b c) + b mean (1 - c)`.
+    The row holds the affine map's six coefficients (`transform_matrices`),
+    the colour gain `b c` and the factor `b (1 - c)` of each channel's mean:
+    brightness `b` then contrast `c`, `v * b` then `(v' - mean') * c + mean'`
+    with `mean' = b * mean`, is `v * (b c) + b mean (1 - c)`.
+
+    Rows can be applied (`apply_packed`) to any slice of the batch, on any
+    replica, and make the pixels that applying the whole batch makes: what
+    depends on how many values are computed together (the rotation's sine and
+    cosine, which TensorFlow's CPU kernels round differently in vectorised and
+    in scalar code) is computed here, once.
 
     Args:
-        images: the source batch, (batch, height, width, channels).
         params: output of `sample_transforms`.
+        height: image height in pixels.
+        width: image width in pixels.
 
     Returns:
-        `(gain, offset)` of shapes (batch,) and (batch, channels), float32.
+        A float32 tensor of shape (batch, 8).
     """
     b, c = params["brightness"], params["contrast"]
-    return b * c, (b * (1.0 - c))[:, None] * _channel_means(images)
+    colour = tf.stack([b * c, b * (1.0 - c)], axis=1)
+    return tf.concat([transform_matrices(params, height, width)[:, :6], colour], axis=1)
+
+
+def apply_packed(
+    images: tf.Tensor, policy: AugmentPolicy, packed: tf.Tensor, kernel: str = "xla"
+) -> tf.Tensor:
+    """Applies composed transforms (`pack_transforms`) in one pass.
+
+    Composing and applying are apart so that they can run in different
+    places: the input pipeline draws and composes a batch's transforms from
+    the step's seed, and each replica applies its slice of them on its own
+    device (`mdtrain train --augment-in model`), to the pixels the pipeline
+    would have made.
+
+    Args:
+        images: tensor of shape (batch, height, width, channels), uint8 or float.
+        policy: the `AugmentPolicy` the transforms were drawn for (its fill
+            mode, interpolation, and whether it has colour).
+        packed: the images' rows of `pack_transforms`, shape (batch, 8).
+        kernel: resampling kernel, see `apply_transforms`. Defaults to `"xla"`.
+
+    Returns:
+        The augmented batch, same shape and dtype.
+    """
+    if not policy.has_geometry and not policy.has_colour:
+        return images
+    matrices = tf.concat([packed[:, :6], tf.zeros_like(packed[:, :2])], axis=1)
+    gain = offset = None
+    if policy.has_colour:
+        gain, offset = packed[:, 6], packed[:, 7:8] * _channel_means(images)
+    return apply_transforms(
+        images, matrices, policy.fill_mode, kernel, gain, offset, policy.interpolation
+    )
 
 
 @tf.function(jit_compile=True)
@@ -325,36 +347,9 @@ def augment_batch(images: tf.Tensor, policy: AugmentPolicy, seed, kernel: str = 
     >>> augment_batch(batch, AugmentPolicy(), tf.constant([1, 2])).shape
     TensorShape([8, 64, 64, 3])
     """
-    params = sample_transforms(tf.shape(images)[0], policy, seed)
-    return apply_policy(images, policy, params, kernel)
-
-
-def apply_policy(
-    images: tf.Tensor, policy: AugmentPolicy, params: dict[str, tf.Tensor], kernel: str = "xla"
-) -> tf.Tensor:
-    """Applies transforms drawn already (`sample_transforms`) in one pass.
-
-    Drawing and applying are apart so that they can run in different places:
-    the input pipeline draws a batch's transforms from the step's seed, and a
-    replica applies its slice of them on its own device (`mdtrain train
-    --augment-in model`), to the same pixels the pipeline would have made.
-
-    Args:
-        images: tensor of shape (batch, height, width, channels), uint8 or float.
-        policy: the `AugmentPolicy` the parameters were drawn for (its fill
-            mode and interpolation).
-        params: output of `sample_transforms` (or `unpack_transforms`) for the batch.
-        kernel: resampling kernel, see `apply_transforms`. Defaults to `"xla"`.
-
-    Returns:
-        The augmented batch, same shape and dtype.
-    """
     if not policy.has_geometry and not policy.has_colour:
         return images
     # From the tensor's shape, which is also known where the static shape is not.
     height, width = tf.unstack(tf.cast(tf.shape(images)[1:3], tf.float32))
-    matrices = transform_matrices(params, height, width)
-    gain, offset = colour_gain_offset(images, params) if policy.has_colour else (None, None)
-    return apply_transforms(
-        images, matrices, policy.fill_mode, kernel, gain, offset, policy.interpolation
-    )
+    params = sample_transforms(tf.shape(images)[0], policy, seed)
+    return apply_packed(images, policy, pack_transforms(params, height, width), kernel)

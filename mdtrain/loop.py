@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import keras
 import tensorflow as tf
 
-from mdtrain.augment import apply_policy, unpack_transforms
+from mdtrain.augment import apply_packed
 from mdtrain.compat import BuildWithoutSampleBatch
 from mdtrain.norm import example_weights
 
@@ -277,7 +277,7 @@ class ExactTrainer(BuildWithoutSampleBatch, keras.Model):
                 "but the trainer has no policy to apply them: pass augment=the policy"
             )
         images, labels, transforms = data
-        return apply_policy(images, self.augment, unpack_transforms(transforms)), labels
+        return apply_packed(images, self.augment, transforms), labels
 
     def train_one_step(self, iterator) -> StepStats:
         """Fetches one distributed batch from `iterator` and trains on it.
@@ -313,7 +313,8 @@ class ExactTrainer(BuildWithoutSampleBatch, keras.Model):
         return train_function
 
     def test_step(self, data):
-        images, labels, weights, _ = pad_empty_slice(*data)
+        # Evaluation never augments: transforms drawn for training are left unused.
+        images, labels, weights, _ = pad_empty_slice(*data[:2])
         probabilities = self.net(images, training=False)
         losses = self._example_losses(labels, probabilities, weighted=False)
         return self._update_metrics(labels, probabilities, losses, weights)

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import tensorflow as tf
 
-from mdtrain.augment import AugmentPolicy, apply_policy, pack_transforms, sample_transforms
+from mdtrain.augment import AugmentPolicy, augment_batch, pack_transforms, sample_transforms
 from mdtrain.data import ImageList, SkippedFile, Splits, cache_folder, tf_paths
 from mdtrain.disk_cache import cache_prefix, claim
 from mdtrain.distribute import shard_by_batch
@@ -207,7 +207,7 @@ class InputData:
         augment: the `AugmentPolicy`, or None for none. Defaults to `AugmentPolicy()`.
         augment_in: `"pipeline"`: the batches come augmented; `"model"`: they
             come as `(images, labels, transforms)`, each image with its
-            drawn transform parameters (`mdtrain.augment.pack_transforms`),
+            drawn and composed transform (`mdtrain.augment.pack_transforms`),
             for the training step to apply on the replica's device
             (`ExactTrainer(augment=policy)`), to the same pixels. Defaults
             to `"pipeline"`.
@@ -344,10 +344,12 @@ class InputData:
             def augment(step, batch):
                 images, labels = batch
                 step_seed = tf.stack([tf.constant(seed, tf.int64), epoch_seed(step, epoch)])
+                if not in_model:
+                    return augment_batch(images, policy, step_seed), labels
+                # Drawn and composed here, applied by each replica to its slice.
+                height, width = tf.unstack(tf.cast(tf.shape(images)[1:3], tf.float32))
                 params = sample_transforms(tf.shape(images)[0], policy, step_seed)
-                if in_model:  # drawn here, applied by each replica to its slice
-                    return images, labels, pack_transforms(params)
-                return apply_policy(images, policy, params), labels
+                return images, labels, pack_transforms(params, height, width)
 
             ds = ds.enumerate().map(augment, num_parallel_calls=AUTOTUNE)
         return ds

@@ -111,6 +111,12 @@ class TrainConfig:
             self.backup_every_steps,
             "needs a backup folder (--backup-dir)",
         )
+        c.check(
+            self.augment or self.augment_in == "auto",
+            "augment_in",
+            self.augment_in,
+            "has nothing to place: --no-augment turns augmentation off",
+        )
         c.check_seed(self.seed)
         self._validate_weights()
         self._validate_folders()
@@ -396,6 +402,7 @@ class _Run:
             epochs=config.epochs + config.fine_tune_epochs,
             steps_per_epoch=self.inputs.steps_per_epoch,
             display=config.monitor if self.chief else "none",
+            augments_on_device=self.augment_in == "model",
         )
         point = resume_point(config.backup_dir, self.fingerprint(), self.chief, say=self._say)
         total = config.epochs + config.fine_tune_epochs

@@ -16,7 +16,13 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from mdtrain.augment import AugmentPolicy, apply_policy, unpack_transforms
+from mdtrain.augment import (
+    AugmentPolicy,
+    apply_packed,
+    augment_batch,
+    pack_transforms,
+    sample_transforms,
+)
 from mdtrain.data import load_splits
 from mdtrain.loop import ExactTrainer
 from mdtrain.pipeline import InputData
@@ -37,11 +43,27 @@ def test_the_model_path_makes_the_pixels_the_pipeline_makes(tiny_dataset):
     drawn = list(_inputs(tiny_dataset, "model").epoch_batches(1))
     assert [len(batch) for batch in drawn] == [3] * len(augmented)
     for (want, labels), (images, got_labels, transforms) in zip(augmented, drawn, strict=True):
-        assert transforms.shape == (images.shape[0], 6)
-        got = apply_policy(images, POLICY, unpack_transforms(transforms))
+        assert transforms.shape == (images.shape[0], 8)
+        got = apply_packed(images, POLICY, transforms)
         np.testing.assert_array_equal(got.numpy(), want.numpy())
         np.testing.assert_array_equal(got_labels.numpy(), labels.numpy())
         assert not np.array_equal(images.numpy(), want.numpy())  # it was augmented
+
+
+@pytest.mark.parametrize("cuts", [(5,), (7,), (0, 3, 10), (1, 2, 3, 4)])
+def test_any_slice_of_a_batch_gets_the_pixels_the_whole_batch_gets(cuts):
+    # What a replica does with its slice of a global batch of 10. Noise at 224 px makes
+    # every rounding visible: the rotation's sine and cosine, computed per slice, come
+    # out differently for 5 values than for 10 (vectorised vs scalar code on the CPU),
+    # and changed 27 pixels here before they were computed once, for the whole batch.
+    images = tf.constant(np.random.default_rng(0).integers(0, 256, (10, 224, 224, 3)), tf.uint8)
+    seed = tf.constant([3, 4], tf.int64)
+    whole = augment_batch(images, POLICY, seed)
+    packed = pack_transforms(sample_transforms(10, POLICY, seed), 224.0, 224.0)
+    edges = [0, *cuts, 10]
+    pairs = zip(edges[:-1], edges[1:], strict=True)
+    slices = [apply_packed(images[a:b], POLICY, packed[a:b]) for a, b in pairs]
+    assert int(tf.reduce_sum(tf.cast(tf.concat(slices, 0) != whole, tf.int32))) == 0
 
 
 # Three runs of `train` in a fresh process (a strategy's collectives outlive it in the
@@ -106,9 +128,28 @@ def test_transforms_without_a_policy_are_refused_not_ignored():
         trainer._augmented(batch)
 
 
-def test_a_bad_place_is_one_line(capsys):
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["--augment-in", "gpu"], "auto, pipeline, model"),
+        (["--no-augment", "--augment-in", "model"], "--no-augment turns augmentation off"),
+    ],
+)
+def test_a_bad_place_is_one_line(capsys, args, words):
     from mdtrain.cli import main
 
-    assert main(["train", "--augment-in", "gpu"]) == 2
+    assert main(["train", *args]) == 2
     err = capsys.readouterr().err.strip()
-    assert "--augment-in" in err and "auto, pipeline, model" in err and "\n" not in err
+    assert "--augment-in" in err and words in err and "\n" not in err
+
+
+def test_evaluation_leaves_training_transforms_unused():
+    net = tf.keras.Sequential([tf.keras.Input((8, 8, 3)), tf.keras.layers.Flatten(),
+                               tf.keras.layers.Dense(2, activation="softmax")])  # fmt: skip
+    trainer = ExactTrainer(net, augment=POLICY)
+    trainer.compile(optimizer="sgd")
+    images = tf.random.uniform([4, 8, 8, 3])
+    labels = tf.constant([0, 1, 0, 1])
+    plain = trainer.evaluate(images, labels, verbose=0, return_dict=True)
+    with_transforms = trainer.test_step((images, labels, tf.zeros([4, 8])))
+    assert float(with_transforms["loss"]) == pytest.approx(plain["loss"])

@@ -124,6 +124,12 @@ def test_verdict_on_numbers(wait, util, first_word):
     assert verdict(wait, util).startswith(first_word)
 
 
+def test_verdict_does_not_advise_what_the_run_already_does():
+    assert "move augmentation onto the device" in verdict(0.38, 41.0)
+    on_device = verdict(0.38, 41.0, augments_on_device=True)
+    assert on_device.startswith("input-bound (highly)") and "augmentation" not in on_device
+
+
 def test_verdict_names_the_wait_share_and_the_fix():
     text = verdict(0.38, 41.0)
     assert "38%" in text and "cache the dataset" in text

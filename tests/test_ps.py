@@ -144,9 +144,9 @@ def _train_args(data, epochs: int, learning_rate: float = 0.01) -> list[str]:
 @pytest.mark.slow
 def test_training_goes_on_when_a_worker_is_killed(tiny_dataset):
     out = io.StringIO()
-    # Augmenting in the workers' training steps (the pipeline draws, the step applies).
-    args = [*_train_args(tiny_dataset, 6), "--augment-in", "model"]
-    summary = ps.run_local(args, log_every=3, kill_worker=1, kill_after=6, stream=out)
+    summary = ps.run_local(
+        _train_args(tiny_dataset, 6), log_every=3, kill_worker=1, kill_after=6, stream=out
+    )
     log = out.getvalue()
     assert summary["exit_code"] == 0, log
     assert summary["completed"] == summary["scheduled"] == 6 * 3  # 24 images / 8 per step
@@ -169,7 +169,9 @@ def test_cli_launch_ps_trains_and_writes_outputs(tiny_dataset, tmp_path):
         str(tmp_path / "logs"),
         "--",
         *_train_args(tiny_dataset, 8, learning_rate=0.003),
-        "--no-augment",
+        # Augmenting in the workers' training steps: the pipeline draws, the step applies.
+        "--augment-in",
+        "model",
         "--log-every",
         "12",
         "--output",
@@ -180,6 +182,8 @@ def test_cli_launch_ps_trains_and_writes_outputs(tiny_dataset, tmp_path):
     assert "[chief] parameter-server training: 2 worker(s), 1 ps; 24 steps of 8" in done.stdout
     report = json.loads((out / "report.json").read_text())
     assert report["completed"] == report["scheduled"] == 24
+    assert report["augment_in"] == "model"
+    assert "[chief] augmentation: drawn by each worker's input pipeline" in done.stdout
     lines = done.stdout.splitlines()
     json_line = next(line for line in lines if line.startswith("[chief] {"))  # its --json
     assert summary_of(json_line)["loss"] == report["loss"]

@@ -46,6 +46,9 @@ class MonitorCallback(keras.callbacks.Callback):
         stream: Where text lines go. Defaults to ``sys.stdout``.
         warmup_steps: Steps at the start of training left out of rates
             (tracing, compilation). Defaults to ``1``.
+        augments_on_device: Whether the training step augments
+            (``mdtrain train --augment-in model``), for the verdict's advice.
+            Defaults to ``False``.
 
     Example:
 
@@ -68,8 +71,10 @@ class MonitorCallback(keras.callbacks.Callback):
         dashboard=None,
         stream: TextIO | None = None,
         warmup_steps: int = 1,
+        augments_on_device: bool = False,
     ) -> None:
         super().__init__()
+        self.augments_on_device = augments_on_device
         self.global_batch_size = int(global_batch_size)
         self.display = resolve_display(display)
         self.interval_s = interval_s
@@ -186,7 +191,13 @@ class MonitorCallback(keras.callbacks.Callback):
         """
         if self._summary is not None and not self._training:
             return self._summary
-        return summarize(self.meter.train_rates(), self._samples(since=self._train_t0))
+        return self._summarize()
+
+    def _summarize(self) -> Summary:
+        samples = self._samples(since=self._train_t0)
+        return summarize(
+            self.meter.train_rates(), samples, augments_on_device=self.augments_on_device
+        )
 
     def dashboard_state(self, verdict: str | None = None):
         """What the dashboard shows now; safe to call from the dashboard thread."""
@@ -211,7 +222,7 @@ class MonitorCallback(keras.callbacks.Callback):
         if self._owns_sampler:
             self.sampler.stop()
             self._owns_sampler = False
-        self._summary = summarize(self.meter.train_rates(), self._samples(since=self._train_t0))
+        self._summary = self._summarize()
         if self.display == "widget" and self.dashboard is not None:
             self.dashboard.stop(self.dashboard_state(verdict=self._summary.verdict))
 
@@ -264,6 +275,7 @@ def make_monitor(
     steps_per_epoch: int | None = None,
     display: str = "auto",
     interval_s: float = 0.5,
+    augments_on_device: bool = False,
 ) -> keras.callbacks.Callback:
     """Builds the training monitor: a dashboard in notebooks, text elsewhere.
 
@@ -279,6 +291,8 @@ def make_monitor(
         display: ``"auto"``, ``"widget"``, ``"text"`` or ``"none"``.
             Defaults to ``"auto"``.
         interval_s: Seconds between GPU/CPU samples. Defaults to ``0.5``.
+        augments_on_device: Whether the training step augments, for the
+            verdict's advice. Defaults to ``False``.
 
     Returns:
         A `MonitorCallback`.
@@ -297,4 +311,5 @@ def make_monitor(
         steps_per_epoch=steps_per_epoch,
         display=display,
         interval_s=interval_s,
+        augments_on_device=augments_on_device,
     )

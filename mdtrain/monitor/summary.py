@@ -72,12 +72,16 @@ class Summary:
         return format_summary(self)
 
 
-def summarize(rates: Rates, samples: Sequence[Sample]) -> Summary:
+def summarize(
+    rates: Rates, samples: Sequence[Sample], *, augments_on_device: bool = False
+) -> Summary:
     """Builds a `Summary` from measured rates and device samples.
 
     Args:
         rates: Throughput over the run, from `ThroughputMeter.train_rates`.
         samples: Device samples taken during the run.
+        augments_on_device: Whether the training step augments (see
+            `verdict`). Defaults to ``False``.
 
     Returns:
         The `Summary`, verdict included.
@@ -98,7 +102,10 @@ def summarize(rates: Rates, samples: Sequence[Sample]) -> Summary:
         step_time_s=rates.step_time_s,
         input_wait_share=rates.input_wait_share,
     )
-    return replace(partial, verdict=verdict(rates.input_wait_share, partial.gpu_utilization))
+    said = verdict(
+        rates.input_wait_share, partial.gpu_utilization, augments_on_device=augments_on_device
+    )
+    return replace(partial, verdict=said)
 
 
 def mean_utilization(samples: Sequence[Sample]) -> dict[str, float]:

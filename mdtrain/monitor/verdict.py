@@ -16,6 +16,7 @@ def verdict(
     *,
     busy_utilization: float = BUSY_UTILIZATION,
     idle_utilization: float = IDLE_UTILIZATION,
+    augments_on_device: bool = False,
 ) -> str:
     """Says in words what limits training speed, and what to try.
 
@@ -35,6 +36,9 @@ def verdict(
             Defaults to ``70.0``.
         idle_utilization: Utilisation below which GPUs count as starved.
             Defaults to ``40.0``.
+        augments_on_device: Whether the training step augments already
+            (``mdtrain train --augment-in model``), so the advice leaves
+            moving it there out. Defaults to ``False``.
 
     Returns:
         One sentence.
@@ -45,6 +49,8 @@ def verdict(
     'input-bound (highly): the devices waited 38% of each step'
     """
     fixes = "cache the dataset, prefetch, or move augmentation onto the device"
+    if augments_on_device:
+        fixes = "cache the dataset, prefetch, or give the input pipeline more CPU cores"
     wait = input_wait_share
     if wait is not None and wait >= MODERATELY_INPUT_BOUND_SHARE:
         degree = "highly" if wait >= HIGHLY_INPUT_BOUND_SHARE else "moderately"

@@ -131,9 +131,11 @@ def check_config(config) -> None:
         raise UsageError(f"{_NO_DISK_CACHE} (see notebooks/07_choosing_a_strategy.ipynb)")
 
 
-def _augment_in(config) -> str:
+def _augment_in(config) -> str | None:
     # The coordinator cannot see the workers' devices, so auto means the pipeline here.
-    return "model" if config.augment and config.augment_in == "model" else "pipeline"
+    if not config.augment:
+        return None
+    return "model" if config.augment_in == "model" else "pipeline"
 
 
 def _dataset_fn(splits, image_size: int, batch_size: int, config):
@@ -148,7 +150,7 @@ def _dataset_fn(splits, image_size: int, batch_size: int, config):
             batch_size,
             seed=config.seed,
             augment=AugmentPolicy() if config.augment else None,
-            augment_in=_augment_in(config),
+            augment_in=_augment_in(config) or "pipeline",
             # In each worker's memory: a disk cache would be one set of files for all.
             cache="none" if config.cache in ("none", False) else "memory",
         )
@@ -218,6 +220,9 @@ def train(
         f"of {batch} examples, asynchronous",
         flush=True,
     )
+    if _augment_in(config) == "model":
+        print("augmentation: drawn by each worker's input pipeline, applied in its training step",
+              flush=True)  # fmt: skip
 
     def on_block(history: PSHistory) -> None:
         if config.verbose:
@@ -237,6 +242,7 @@ def train(
         "num_train": len(splits.train),
         "class_names": splits.class_names,
         "val_accuracy": _val_accuracy(trainer.net, _val_ds(splits, size, batch)),
+        "augment_in": _augment_in(config),
     }
     if config.output:
         _write_outputs(config.output, trainer.net, summary)
