@@ -245,8 +245,10 @@ def augment_place(config: TrainConfig, replica_devices) -> str | None:
     `auto` augments in the model when every replica is a GPU: there the warp
     is a small kernel beside the model's, and the CPU threads, which often
     cannot decode and warp as fast as the GPUs train, are left to decode.
-    On CPU replicas the step and the pipeline share the same cores, and the
-    pipeline overlaps its work with the step.
+    On CPU replicas it stays in the pipeline, as before the option existed
+    (`benchmarks/augment_in.json` measured the model at least as fast there
+    too; changing that default is left for a round that regenerates the
+    notebooks' training logs).
 
     Args:
         config: the run's `TrainConfig` (`augment`, `augment_in`).
