@@ -1,15 +1,15 @@
-"""Training throughput on CPU replicas with the augmentation in the pipeline or in the model.
+"""Training throughput on CPU replicas: augmenting in the pipeline, in the model, or not at all.
 
-`mdtrain train --augment-in auto` augments in the training step only when
-every replica is a GPU. This measures why not on CPU replicas: there the
-step and the input pipeline share the same cores, and in the pipeline the
-warp overlaps with the step. Each run is `mdtrain train --json` in a fresh
-process (2 CPU replicas, the demo data, the small CNN, 2 epochs), at 32 px
-(the main job: a cheap step) and at 128 px (a costlier warp, and a far
-costlier step); the variants are interleaved, 3 repeats; `images_per_sec`
-is the monitor's training rate.
+`mdtrain train --augment-in auto` augments in the training step (the model)
+on every kind of replica. On GPUs that takes the warp off the CPU; this
+measures what it costs where the step and the input pipeline share the same
+cores, and what augmentation costs a CPU run at all (`--no-augment`). Each
+run is `mdtrain train --json` in a fresh process (2 CPU replicas, the demo
+data, the small CNN, 2 epochs), at 32 px (the main job: a cheap step) and
+at 128 px (a costlier warp, and a far costlier step); the variants are
+interleaved, 3 repeats; `images_per_sec` is the monitor's training rate.
 
-Usage, from the repository root (about 15 minutes on 2 cores):
+Usage, from the repository root (about 30 minutes on 2 cores):
 
     python benchmarks/augment_in.py [--output benchmarks/augment_in.json]
 """
@@ -25,14 +25,15 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-PLACES = ("pipeline", "model")
+PLACES = ("pipeline", "model", "none")  # none: --no-augment
 SIZES = (32, 128)
 TRAIN_ARGS = ["--strategy", "cpu:2", "--epochs", "2", "--monitor", "none"]
 
 
 def _images_per_sec(size: int, place: str) -> float:
+    augment = ["--no-augment"] if place == "none" else ["--augment-in", place]
     command = [sys.executable, "-m", "mdtrain", "train", *TRAIN_ARGS, "--image-size", str(size),
-               "--augment-in", place]  # fmt: skip
+               *augment]  # fmt: skip
     done = subprocess.run([*command, "--json"], capture_output=True, text=True, cwd=REPO,
                           env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}, check=True)  # fmt: skip
     return json.loads(done.stdout.strip().splitlines()[-1])["images_per_sec"]
@@ -56,18 +57,22 @@ def main() -> None:
         "spread": {name: [min(rates), max(rates)] for name, rates in runs.items()},
         "runs": runs,
         "ratios": {
-            f"model_vs_pipeline_{size}": _ratio(runs[f"model_{size}"], runs[f"pipeline_{size}"])
+            f"{a}_vs_{b}_{size}": _ratio(runs[f"{a}_{size}"], runs[f"{b}_{size}"])
             for size in SIZES
-        },  # fmt: skip
+            for a, b in (("model", "pipeline"), ("model", "none"), ("pipeline", "none"))
+        },
         "train_args": TRAIN_ARGS,
         "load_average_before": load_before,
         "machine": machine_info(),
     }
-    bars = {f"{size} px, augment in the {place}": result[f"{place}_{size}"]
-            for size, place in variants}  # fmt: skip
+    bars = {_label(size, place): result[f"{place}_{size}"] for size, place in variants}
     write_result(result, args.output, "augment_in", bars, None,
                  "small CNN, 2 CPU replicas: training images/s")  # fmt: skip
     print(json.dumps(result))
+
+
+def _label(size: int, place: str) -> str:
+    return f"{size} px, " + ("no augmentation" if place == "none" else f"augment in the {place}")
 
 
 def _ratio(numerators: list[float], denominators: list[float]) -> dict[str, float]:

@@ -64,7 +64,7 @@ def check_strategy_name(name: str) -> str:
 
 CACHE_MODES = ("auto", "memory", "disk", "none")
 LOOPS = ("fit", "custom")
-#: Where `mdtrain train --augment-in` applies the augmentation; auto: in the model on GPUs.
+#: Where `mdtrain train --augment-in` applies the augmentation; auto: in the model.
 AUGMENT_IN = ("auto", "pipeline", "model")
 CLASS_WEIGHTS = ("auto", "none")
 MONITOR_DISPLAYS = ("auto", "widget", "text", "none")

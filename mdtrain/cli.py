@@ -112,7 +112,7 @@ def _add_train(sub) -> None:
                    "random flips, rotations and zooms")  # fmt: skip
     t.add_argument("--augment-in", help=f"{', '.join(AUGMENT_IN)}: augment in the input "
                    "pipeline (CPU) or in the training step (each replica's device); auto: "
-                   "in the model when the replicas are GPUs")  # fmt: skip
+                   "in the training step")  # fmt: skip
     t.add_argument("--dropout", type=float, help="dropout before the last layer")
     t.add_argument("--class-weight", help=f"{' or '.join(CLASS_WEIGHTS)}: "
                    "auto weighs the loss to balance classes")  # fmt: skip

@@ -239,30 +239,23 @@ def train(config: TrainConfig, callbacks: list | None = None) -> TrainResult:
     return result
 
 
-def augment_place(config: TrainConfig, replica_devices) -> str | None:
+def augment_place(config: TrainConfig) -> str | None:
     """Where the run augments: `"pipeline"`, `"model"`, or None when it does not.
 
-    `auto` augments in the model when every replica is a GPU: there the warp
-    is a small kernel beside the model's, and the CPU threads, which often
-    cannot decode and warp as fast as the GPUs train, are left to decode.
-    On CPU replicas it stays in the pipeline, as before the option existed
-    (`benchmarks/augment_in.json` measured the model at least as fast there
-    too; changing that default is left for a round that regenerates the
-    notebooks' training logs).
+    `auto` is the model, on every kind of replica: the input pipeline draws
+    and composes each image's transform, and each replica's training step
+    applies its slice of them (the same pixels either way). On GPUs the warp
+    is then a small kernel beside the model's, and the CPU threads, which
+    often cannot decode and warp as fast as the GPUs train, are left to
+    decode; on CPU replicas, where step and pipeline share the cores, it
+    trained at least as fast as the pipeline (`benchmarks/augment_in.json`).
 
     Args:
         config: the run's `TrainConfig` (`augment`, `augment_in`).
-        replica_devices: the strategy's replica devices
-            (`strategy.extended.worker_devices`).
     """
     if not config.augment:
         return None
-    if config.augment_in != "auto":
-        return config.augment_in
-    import tensorflow as tf
-
-    kinds = {tf.DeviceSpec.from_string(device).device_type for device in replica_devices}
-    return "model" if kinds == {"GPU"} else "pipeline"
+    return "model" if config.augment_in == "auto" else config.augment_in
 
 
 class _Run:
@@ -283,7 +276,7 @@ class _Run:
             tf.config.experimental.enable_op_determinism()
         self.chief = is_chief(self.strategy)
         self.config = config if self.chief else dataclasses.replace(config, verbose=0)
-        self.augment_in = augment_place(config, self.strategy.extended.worker_devices)
+        self.augment_in = augment_place(config)
         self.inputs = self._input_data()
         self.geometry = BatchGeometry(
             self.inputs.num_train, self.inputs.global_batch_size, self.replicas

@@ -1,4 +1,4 @@
-"""`--augment-in model`: the pipeline draws each image's transforms, the replica applies them.
+"""Augmenting in the model (`auto`): the pipeline draws the transforms, the replica applies them.
 
 The model path must make the very pixels the pipeline path makes, so a run
 that augments on its replicas trains to the weights, bit for bit, of one that
@@ -26,11 +26,8 @@ from mdtrain.augment import (
 from mdtrain.data import load_splits
 from mdtrain.loop import ExactTrainer
 from mdtrain.pipeline import InputData
-from mdtrain.train import TrainConfig, augment_place
 
 POLICY = AugmentPolicy(brightness=(0.8, 1.2), contrast=0.2)
-GPU = "/job:localhost/replica:0/task:0/device:GPU:{}"
-CPU = "/job:localhost/replica:0/task:0/device:CPU:0"
 
 
 def _inputs(tiny_dataset, augment_in: str) -> InputData:
@@ -67,9 +64,9 @@ def test_any_slice_of_a_batch_gets_the_pixels_the_whole_batch_gets(cuts):
 
 
 # Three runs of `train` in a fresh process (a strategy's collectives outlive it in the
-# process that ran it): on two replicas, augmenting in the pipeline with `fit`, in the
-# model with the custom loop, and not at all. 24 images in batches of 10: the last batch
-# splits 2 + 2 over the replicas.
+# process that ran it): on two replicas, augmenting in the pipeline with `fit`, where
+# `auto` puts it (the model) with the custom loop, and not at all. 24 images in batches
+# of 10: the last batch splits 2 + 2 over the replicas.
 _RUNS = """
 import json, sys
 from mdtrain.distribute import configure_devices
@@ -84,7 +81,7 @@ def run(**options):
     return result.summary()["augment_in"], result.model.get_weights()
 
 pipeline = run(augment_in="pipeline")
-model = run(augment_in="model", loop="custom")
+model = run(loop="custom")  # augment_in="auto"
 unaugmented = run(augment=False)
 print(json.dumps({
     "places": [pipeline[0], model[0], unaugmented[0]],
@@ -104,21 +101,6 @@ def test_augmenting_on_the_replicas_trains_like_augmenting_in_the_pipeline(tiny_
     assert result["model_vs_pipeline"] == 0.0  # bit for bit
     # ... and the augmentation did change what the model learnt from.
     assert result["model_vs_unaugmented"] > 1e-3
-
-
-@pytest.mark.parametrize(
-    ("options", "devices", "place"),
-    [
-        ({}, [GPU.format(0), GPU.format(1)], "model"),
-        ({}, [CPU], "pipeline"),
-        ({}, [GPU.format(0), CPU], "pipeline"),
-        ({"augment_in": "model"}, [CPU], "model"),
-        ({"augment_in": "pipeline"}, [GPU.format(0)], "pipeline"),
-        ({"augment": False}, [GPU.format(0)], None),
-    ],
-)
-def test_auto_augments_in_the_model_when_every_replica_is_a_gpu(options, devices, place):
-    assert augment_place(TrainConfig(**options), devices) == place
 
 
 def test_transforms_without_a_policy_are_refused_not_ignored():

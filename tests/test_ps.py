@@ -144,9 +144,9 @@ def _train_args(data, epochs: int, learning_rate: float = 0.01) -> list[str]:
 @pytest.mark.slow
 def test_training_goes_on_when_a_worker_is_killed(tiny_dataset):
     out = io.StringIO()
-    summary = ps.run_local(
-        _train_args(tiny_dataset, 6), log_every=3, kill_worker=1, kill_after=6, stream=out
-    )
+    # Augmenting in the input pipeline here; the test below takes the default, the model.
+    args = [*_train_args(tiny_dataset, 6), "--augment-in", "pipeline"]
+    summary = ps.run_local(args, log_every=3, kill_worker=1, kill_after=6, stream=out)
     log = out.getvalue()
     assert summary["exit_code"] == 0, log
     assert summary["completed"] == summary["scheduled"] == 6 * 3  # 24 images / 8 per step
@@ -154,6 +154,7 @@ def test_training_goes_on_when_a_worker_is_killed(tiny_dataset):
     assert summary["events"] == ["step 6: drill mark written"]
     assert all(math.isfinite(x) for x in summary["loss"]) and len(summary["loss"]) == 6
     assert summary["num_workers"] == 2 and summary["num_ps"] == 1
+    assert summary["augment_in"] == "pipeline"
 
 
 @pytest.mark.slow
@@ -169,9 +170,6 @@ def test_cli_launch_ps_trains_and_writes_outputs(tiny_dataset, tmp_path):
         str(tmp_path / "logs"),
         "--",
         *_train_args(tiny_dataset, 8, learning_rate=0.003),
-        # Augmenting in the workers' training steps: the pipeline draws, the step applies.
-        "--augment-in",
-        "model",
         "--log-every",
         "12",
         "--output",
@@ -182,7 +180,7 @@ def test_cli_launch_ps_trains_and_writes_outputs(tiny_dataset, tmp_path):
     assert "[chief] parameter-server training: 2 worker(s), 1 ps; 24 steps of 8" in done.stdout
     report = json.loads((out / "report.json").read_text())
     assert report["completed"] == report["scheduled"] == 24
-    assert report["augment_in"] == "model"
+    assert report["augment_in"] == "model"  # auto: each worker's training step augments
     assert "[chief] augmentation: drawn by each worker's input pipeline" in done.stdout
     lines = done.stdout.splitlines()
     json_line = next(line for line in lines if line.startswith("[chief] {"))  # its --json

@@ -48,6 +48,13 @@ RATIOS = {
     "cached_vs_raw_decode": ("tfdata_cached", "raw_decode"),
     "nearest_vs_noaug": ("tfdata_nearest", "tfdata_noaug"),
     "augment_in_model_vs_noaug": ("tfdata_augment_in_model", "tfdata_noaug"),
+    # `mdtrain train`'s default pipeline against the recipe that warps in its pipeline, and
+    # against the recipe with the layers in its model (article 003): the pipelines' parts.
+    "augment_in_model_vs_keras_directory_layers": (
+        "tfdata_augment_in_model",
+        "keras_directory_layers",
+    ),
+    "augment_in_model_vs_keras_directory": ("tfdata_augment_in_model", "keras_directory"),
     "cached_augment_vs_raw_decode": ("tfdata_cached_augment", "raw_decode"),
     "keras_layers_vs_keras_directory": ("keras_directory_layers", "keras_directory"),
     "fused_layer_vs_keras_layers": ("keras_directory_fused", "keras_directory_layers"),

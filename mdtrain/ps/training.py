@@ -23,6 +23,7 @@ import tensorflow as tf
 
 from mdtrain.errors import UsageError
 from mdtrain.ps.cluster import coordinator
+from mdtrain.train import augment_place
 
 
 @dataclass
@@ -131,13 +132,6 @@ def check_config(config) -> None:
         raise UsageError(f"{_NO_DISK_CACHE} (see notebooks/07_choosing_a_strategy.ipynb)")
 
 
-def _augment_in(config) -> str | None:
-    # The coordinator cannot see the workers' devices, so auto means the pipeline here.
-    if not config.augment:
-        return None
-    return "model" if config.augment_in == "model" else "pipeline"
-
-
 def _dataset_fn(splits, image_size: int, batch_size: int, config):
     from mdtrain.augment import AugmentPolicy
     from mdtrain.pipeline import InputData
@@ -150,7 +144,7 @@ def _dataset_fn(splits, image_size: int, batch_size: int, config):
             batch_size,
             seed=config.seed,
             augment=AugmentPolicy() if config.augment else None,
-            augment_in=_augment_in(config) or "pipeline",
+            augment_in=augment_place(config) or "pipeline",
             # In each worker's memory: a disk cache would be one set of files for all.
             cache="none" if config.cache in ("none", False) else "memory",
         )
@@ -220,7 +214,7 @@ def train(
         f"of {batch} examples, asynchronous",
         flush=True,
     )
-    if _augment_in(config) == "model":
+    if augment_place(config) == "model":
         print("augmentation: drawn by each worker's input pipeline, applied in its training step",
               flush=True)  # fmt: skip
 
@@ -242,7 +236,7 @@ def train(
         "num_train": len(splits.train),
         "class_names": splits.class_names,
         "val_accuracy": _val_accuracy(trainer.net, _val_ds(splits, size, batch)),
-        "augment_in": _augment_in(config),
+        "augment_in": augment_place(config),
     }
     if config.output:
         _write_outputs(config.output, trainer.net, summary)
@@ -275,7 +269,7 @@ def _compiled_trainer(config, strategy, splits):
         net = build_model(
             config.model, len(classes), config.resolved_image_size, config.weights, config.dropout
         )
-        augment = AugmentPolicy() if _augment_in(config) == "model" else None
+        augment = AugmentPolicy() if augment_place(config) == "model" else None
         trainer = ExactTrainer(net, class_weights=weights, augment=augment)
         trainer.compile(optimizer=keras.optimizers.Adam(config.learning_rate))
     return trainer
