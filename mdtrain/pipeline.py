@@ -209,8 +209,9 @@ class InputData:
             come as `(images, labels, transforms)`, each image with its
             drawn and composed transform (`mdtrain.augment.pack_transforms`),
             for the training step to apply on the replica's device
-            (`ExactTrainer(augment=policy)`), to the same pixels. Defaults
-            to `"pipeline"`.
+            (`ExactTrainer(augment=policy)`), to the same pixels, as
+            `mdtrain train` does by default. Defaults to `"pipeline"`, whose
+            batches any Keras model can take.
         cache: `"auto"`, `"memory"`, `"disk"` or `"none"` (see
             `resolve_cache`; True and False mean `"memory"` and `"none"`).
             Defaults to `"auto"`.

@@ -47,7 +47,7 @@ class MonitorCallback(keras.callbacks.Callback):
         warmup_steps: Steps at the start of training left out of rates
             (tracing, compilation). Defaults to ``1``.
         augments_on_device: Whether the training step augments
-            (``mdtrain train --augment-in model``), for the verdict's advice.
+            (``mdtrain train``'s default, ``--augment-in model``), for the verdict's advice.
             Defaults to ``False``.
 
     Example:

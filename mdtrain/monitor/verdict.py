@@ -37,7 +37,7 @@ def verdict(
         idle_utilization: Utilisation below which GPUs count as starved.
             Defaults to ``40.0``.
         augments_on_device: Whether the training step augments already
-            (``mdtrain train --augment-in model``), so the advice leaves
+            (``mdtrain train``'s default, ``--augment-in model``), so the advice leaves
             moving it there out. Defaults to ``False``.
 
     Returns:
