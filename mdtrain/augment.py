@@ -349,7 +349,21 @@ def augment_batch(images: tf.Tensor, policy: AugmentPolicy, seed, kernel: str = 
     """
     if not policy.has_geometry and not policy.has_colour:
         return images
+    return apply_packed(images, policy, draw_packed(images, policy, seed), kernel)
+
+
+def draw_packed(images: tf.Tensor, policy: AugmentPolicy, seed) -> tf.Tensor:
+    """Draws (`sample_transforms`) and composes (`pack_transforms`) a batch's transforms.
+
+    Args:
+        images: the batch the transforms are for, (batch, height, width, channels).
+        policy: the `AugmentPolicy`.
+        seed: shape-(2,) integer tensor for stateless randomness.
+
+    Returns:
+        A float32 tensor of shape (batch, 8), for `apply_packed`.
+    """
     # From the tensor's shape, which is also known where the static shape is not.
     height, width = tf.unstack(tf.cast(tf.shape(images)[1:3], tf.float32))
     params = sample_transforms(tf.shape(images)[0], policy, seed)
-    return apply_packed(images, policy, pack_transforms(params, height, width), kernel)
+    return pack_transforms(params, height, width)

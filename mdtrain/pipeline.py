@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import tensorflow as tf
 
-from mdtrain.augment import AugmentPolicy, augment_batch, pack_transforms, sample_transforms
+from mdtrain.augment import AugmentPolicy, augment_batch, draw_packed
 from mdtrain.data import ImageList, SkippedFile, Splits, cache_folder, tf_paths
 from mdtrain.disk_cache import cache_prefix, claim
 from mdtrain.distribute import shard_by_batch
@@ -348,9 +348,7 @@ class InputData:
                 if not in_model:
                     return augment_batch(images, policy, step_seed), labels
                 # Drawn and composed here, applied by each replica to its slice.
-                height, width = tf.unstack(tf.cast(tf.shape(images)[1:3], tf.float32))
-                params = sample_transforms(tf.shape(images)[0], policy, step_seed)
-                return images, labels, pack_transforms(params, height, width)
+                return images, labels, draw_packed(images, policy, step_seed)
 
             ds = ds.enumerate().map(augment, num_parallel_calls=AUTOTUNE)
         return ds
