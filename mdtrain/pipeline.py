@@ -202,7 +202,10 @@ class InputData:
         splits: training and validation images (`mdtrain.data.load_splits`).
         image_size: side of the square images the model sees.
         global_batch_size: images per step over all replicas.
-        seed: seed of the shuffle and the augmentation. Defaults to 0.
+        seed: seed of the shuffle and the augmentation: an int, or a scalar
+            int64 tensor computed where the dataset is built (each
+            parameter-server worker draws its own; not with a disk cache,
+            whose files are named by the seed). Defaults to 0.
         shuffle: shuffle the training images every epoch. Defaults to True.
         augment: the `AugmentPolicy`, or None for none. Defaults to `AugmentPolicy()`.
         augment_in: `"pipeline"`: the batches come augmented; `"model"`: they
@@ -232,7 +235,7 @@ class InputData:
     splits: Splits
     image_size: int
     global_batch_size: int
-    seed: int = 0
+    seed: int | tf.Tensor = 0
     shuffle: bool = True
     augment: AugmentPolicy | None = field(default_factory=AugmentPolicy)
     augment_in: str = "pipeline"
@@ -344,7 +347,7 @@ class InputData:
 
             def augment(step, batch):
                 images, labels = batch
-                step_seed = tf.stack([tf.constant(seed, tf.int64), epoch_seed(step, epoch)])
+                step_seed = tf.stack([tf.cast(seed, tf.int64), epoch_seed(step, epoch)])
                 if not in_model:
                     return augment_batch(images, policy, step_seed), labels
                 # Drawn and composed here, applied by each replica to its slice.

@@ -8,163 +8,15 @@ this one only wires them together and writes the results.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
-import os
-import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from mdtrain.config import TrainConfig
 from mdtrain.errors import UsageError
 
-OUTPUT_FILES = ("model.keras", "history.json", "report.json")
-
-
-def _folder_problem(folder: Path) -> str | None:
-    """Why mdtrain could not create or write `folder`, or None: checked before training."""
-    if folder.exists():
-        return None if folder.is_dir() else "is a file; pass a folder"
-    parent = next(p for p in folder.absolute().parents if p.exists())
-    if not parent.is_dir():
-        return f"cannot be created: {parent} is a file"
-    if not os.access(parent, os.W_OK | os.X_OK):
-        return f"cannot be created: {parent} is not writable"
-    return None
-
-
-@dataclass
-class TrainConfig:
-    """Every choice of a training run; field names match `mdtrain train` options.
-
-    `data=None` trains on the demo dataset (created on first use). Either
-    `batch_size_per_replica` or `global_batch_size` may be set (neither: 32 per
-    replica). `image_size=None` picks 32 for `small-cnn` and 224 for
-    EfficientNetV2.
-    """
-
-    data: str | None = None
-    val_data: str | None = None
-    validation_split: float = 0.0
-    model: str = "small-cnn"
-    weights: str = "none"
-    image_size: int | None = None
-    batch_size_per_replica: int | None = None
-    global_batch_size: int | None = None
-    epochs: int = 15
-    fine_tune_epochs: int = 0
-    learning_rate: float = 2e-3
-    strategy: str = "auto"
-    loop: str = "fit"
-    mixed_precision: bool = False
-    augment: bool = True
-    augment_in: str = "auto"
-    dropout: float = 0.2
-    class_weight: str = "none"
-    seed: int = 0
-    deterministic: bool = False
-    backup_dir: str | None = None
-    backup_every_steps: int | None = None
-    output: str | None = None
-    cache: str = "auto"
-    cache_dir: str | None = None
-    monitor: str = "auto"
-    verbose: int = 2
-
-    def validate(self) -> None:
-        """Raises `UsageError` for any value that cannot work, before TensorFlow starts."""
-        from mdtrain import choices as c
-
-        c.check_strategy_name(self.strategy)
-        c.check_model_name(self.model)
-        c.check_dropout(self.dropout)
-        c.check_batch_sizes(self.batch_size_per_replica, self.global_batch_size)
-        if self.image_size is not None:
-            c.check_image_size(self.model, self.image_size)
-        for argument, options in (
-            ("loop", c.LOOPS),
-            ("augment_in", c.AUGMENT_IN),
-            ("class_weight", c.CLASS_WEIGHTS),
-            ("cache", c.CACHE_MODES),
-            ("monitor", c.MONITOR_DISPLAYS),
-        ):
-            value = getattr(self, argument)
-            c.check(value in options, argument, value, f"choose one of {', '.join(options)}")
-        c.check(self.epochs >= 1, "epochs", self.epochs, "must be at least 1")
-        c.check(self.fine_tune_epochs >= 0, "fine_tune_epochs", self.fine_tune_epochs,
-                "must be at least 0")  # fmt: skip
-        c.check(self.learning_rate > 0, "learning_rate", self.learning_rate, "must be positive")
-        c.check(
-            0 <= self.validation_split < 1,
-            "validation_split",
-            self.validation_split,
-            "must be in [0, 1) (0 means no validation)",
-        )
-        c.check(
-            self.backup_every_steps is None or self.backup_every_steps >= 1,
-            "backup_every_steps",
-            self.backup_every_steps,
-            "must be at least 1",
-        )
-        c.check(
-            self.backup_every_steps is None or bool(self.backup_dir),
-            "backup_every_steps",
-            self.backup_every_steps,
-            "needs a backup folder (--backup-dir)",
-        )
-        c.check(
-            self.augment or self.augment_in == "auto",
-            "augment_in",
-            self.augment_in,
-            "has nothing to place: --no-augment turns augmentation off",
-        )
-        c.check_seed(self.seed)
-        self._validate_weights()
-        self._validate_folders()
-
-    def _validate_weights(self) -> None:
-        from mdtrain import choices as c
-
-        c.check(
-            self.fine_tune_epochs == 0 or self.model != "small-cnn",
-            "fine_tune_epochs",
-            self.fine_tune_epochs,
-            "needs a pretrained base: use an EfficientNet model",
-        )
-        c.check(
-            self.fine_tune_epochs == 0 or self.weights != "none",
-            "fine_tune_epochs",
-            self.fine_tune_epochs,
-            "needs a pretrained base: pass --weights imagenet or a weights file",
-        )
-        c.check(
-            self.weights in ("imagenet", "none") or os.path.isfile(self.weights),
-            "weights",
-            self.weights,
-            "no such file; pass imagenet, none, or a weights file",
-        )
-        # EfficientNetV2 trains its head on a frozen base: a random base cannot learn.
-        c.check(
-            self.weights != "none" or self.model not in c.EFFICIENTNETS,
-            "model",
-            self.model,
-            "trains only its head on a frozen base, so it needs --weights imagenet or a "
-            "…_notop.h5 file; to train an EfficientNet from scratch use efficientnet-lite0",
-        )
-
-    def _validate_folders(self) -> None:
-        from mdtrain import choices as c
-
-        for argument in ("output", "backup_dir", "cache_dir"):
-            folder = getattr(self, argument)
-            problem = _folder_problem(Path(folder)) if folder else None
-            c.check(problem is None, argument, folder, problem)
-        taken = [n for n in OUTPUT_FILES if self.output and (Path(self.output) / n).exists()]
-        c.check(not taken, "output", self.output, f"already holds {', '.join(taken)}; "
-                "choose a new folder (nothing was overwritten)")  # fmt: skip
-
-    @property
-    def resolved_image_size(self) -> int:
-        return self.image_size or (32 if self.model == "small-cnn" else 224)
+__all__ = ["TrainConfig", "TrainResult", "train"]
 
 
 @dataclass
@@ -239,23 +91,81 @@ def train(config: TrainConfig, callbacks: list | None = None) -> TrainResult:
     return result
 
 
-def augment_place(config: TrainConfig) -> str | None:
-    """Where the run augments: `"pipeline"`, `"model"`, or None when it does not.
+#: The log line of a run that augments in the training step (`TrainConfig.augment_place`).
+AUGMENT_IN_STEP_NOTE = (
+    "augmentation: drawn by the input pipeline, applied in the training step on each "
+    "replica's device"
+)
 
-    `auto` is the model, on every kind of replica: the input pipeline draws
-    and composes each image's transform, and each replica's training step
-    applies its slice of them (the same pixels either way). On GPUs the warp
-    is then a small kernel beside the model's, and the CPU threads, which
-    often cannot decode and warp as fast as the GPUs train, are left to
-    decode; on CPU replicas, where step and pipeline share the cores, it
-    trained at least as fast as the pipeline (`benchmarks/augment_in.json`).
+
+def run_splits(config: TrainConfig):
+    """The run's data folder and its training and validation images (`mdtrain.data.Splits`).
 
     Args:
-        config: the run's `TrainConfig` (`augment`, `augment_in`).
+        config: the run's `TrainConfig`; `data=None` is the demo dataset,
+            created on first use.
+
+    Returns:
+        `(data_dir, splits)`.
+
+    Raises:
+        UsageError: for a missing folder or one without readable images.
     """
-    if not config.augment:
-        return None
-    return "model" if config.augment_in == "auto" else config.augment_in
+    from mdtrain.data import load_splits
+    from mdtrain.sources import ensure_demo_dataset
+
+    data_dir = config.data if config.data is not None else str(ensure_demo_dataset())
+    return data_dir, load_splits(data_dir, config.val_data, config.validation_split, config.seed)
+
+
+def input_data_for(config: TrainConfig, splits, global_batch_size: int, **overrides):
+    """The run's `mdtrain.pipeline.InputData`: `config`'s seed, augmentation and cache.
+
+    Args:
+        config: the run's `TrainConfig`.
+        splits: its images (`run_splits`).
+        global_batch_size: images per step over all replicas.
+        **overrides: `InputData` arguments that differ from `config`'s.
+
+    Returns:
+        The `InputData`.
+    """
+    from mdtrain.augment import AugmentPolicy
+    from mdtrain.pipeline import InputData
+
+    arguments = dict(
+        seed=config.seed,
+        augment=AugmentPolicy() if config.augment else None,
+        augment_in=config.augment_place or "pipeline",
+        cache=config.cache,
+        cache_dir=config.cache_dir,
+        deterministic=config.deterministic,
+    )
+    return InputData(splits, config.resolved_image_size, global_batch_size,
+                     **{**arguments, **overrides})  # fmt: skip
+
+
+def new_trainer(config: TrainConfig, splits, augment=None):
+    """`config`'s model in an `mdtrain.loop.ExactTrainer`; call it in the strategy's scope.
+
+    Args:
+        config: the run's `TrainConfig` (model, weights, dropout, class weights).
+        splits: its images (`run_splits`): the classes and their counts.
+        augment: the `AugmentPolicy` the training step applies, or None when
+            the batches come augmented or not at all. Defaults to None.
+
+    Returns:
+        The trainer, not compiled.
+    """
+    from mdtrain.imbalance import class_weights_for
+    from mdtrain.loop import ExactTrainer
+    from mdtrain.models import build_model
+
+    classes = splits.class_names
+    class_weights = class_weights_for(config.class_weight, splits.train.counts(len(classes)))
+    net = build_model(config.model, len(classes), config.resolved_image_size, config.weights,
+                      config.dropout)  # fmt: skip
+    return ExactTrainer(net, class_weights, augment=augment)
 
 
 class _Run:
@@ -276,7 +186,7 @@ class _Run:
             tf.config.experimental.enable_op_determinism()
         self.chief = is_chief(self.strategy)
         self.config = config if self.chief else dataclasses.replace(config, verbose=0)
-        self.augment_in = augment_place(config)
+        self.augment_in = config.augment_place
         self.inputs = self._input_data()
         self.geometry = BatchGeometry(
             self.inputs.num_train, self.inputs.global_batch_size, self.replicas
@@ -292,32 +202,15 @@ class _Run:
         return self.strategy.num_replicas_in_sync
 
     def _input_data(self):
-        from mdtrain.augment import AugmentPolicy
-        from mdtrain.data import load_splits
         from mdtrain.distribute import resolve_global_batch_size, task_name
-        from mdtrain.pipeline import InputData
-        from mdtrain.sources import ensure_demo_dataset
 
         config = self.config
-        self.data_dir = config.data if config.data is not None else str(ensure_demo_dataset())
-        self.splits = load_splits(
-            self.data_dir, config.val_data, config.validation_split, config.seed
-        )
+        self.data_dir, self.splits = run_splits(config)
         global_batch = resolve_global_batch_size(
             self.replicas, config.batch_size_per_replica, config.global_batch_size
         )
-        return InputData(
-            self.splits,
-            config.resolved_image_size,
-            global_batch,
-            seed=config.seed,
-            augment=AugmentPolicy() if config.augment else None,
-            augment_in=self.augment_in or "pipeline",
-            cache=config.cache,
-            cache_dir=config.cache_dir,
-            deterministic=config.deterministic,
-            cache_task=task_name(self.strategy),
-        )
+        task = task_name(self.strategy)  # each worker's own disk cache
+        return input_data_for(config, self.splits, global_batch, cache_task=task)
 
     def _choose_loop(self) -> str:
         import tensorflow as tf
@@ -343,30 +236,21 @@ class _Run:
         for s in splits.skipped[:10]:
             self._say(f"  skipped {s.path}: {s.reason}")
         if self.augment_in == "model":
-            self._say("augmentation: drawn by the input pipeline, applied in the training step "
-                      "on each replica's device")  # fmt: skip
+            self._say(AUGMENT_IN_STEP_NOTE)
 
     def _build_trainer(self):
         import keras
 
-        from mdtrain.imbalance import class_weights_for
-        from mdtrain.loop import ExactTrainer
-        from mdtrain.models import build_model
         from mdtrain.precision import choose_policy, local_device_kinds
 
-        config, size = self.config, self.config.resolved_image_size
-        class_weights = class_weights_for(
-            config.class_weight, self.splits.train.counts(len(self.splits.class_names))
-        )
+        size = self.config.resolved_image_size
         previous = keras.mixed_precision.dtype_policy()
-        mode = "auto" if config.mixed_precision else "float32"  # auto: float16 on GPUs only
+        mode = "auto" if self.config.mixed_precision else "float32"  # auto: float16 on GPUs only
         keras.mixed_precision.set_dtype_policy(choose_policy(mode, local_device_kinds()))
         try:
             with self.strategy.scope():
-                net = build_model(config.model, len(self.splits.class_names), size,
-                                  config.weights, config.dropout)  # fmt: skip
                 augment = self.inputs.augment if self.augment_in == "model" else None
-                trainer = ExactTrainer(net, class_weights, augment=augment)
+                trainer = new_trainer(self.config, self.splits, augment)
                 trainer.build((None, size, size, 3))
         finally:
             keras.mixed_precision.set_dtype_policy(previous)
@@ -501,29 +385,17 @@ class _Run:
 
 
 def _write_outputs(result: TrainResult, chief: bool) -> None:
-    """Writes model.keras, history.json, report.json; non-chief workers write to a temp dir.
+    """Writes model.keras, history.json, report.json: the chief's are kept (`mdtrain.outputs`)."""
+    from mdtrain.outputs import save_and_discard, save_or_rescue
 
-    Every worker must take part in saving (it can involve collectives), but
-    only the chief's files are kept.
-    """
-    if not chief:
-        out = Path(tempfile.mkdtemp(prefix="mdtrain-worker-"))
-        try:
-            _save(result, out)
-        finally:
-            shutil.rmtree(out, ignore_errors=True)
-        return
-    try:
-        _save(result, Path(result.output))
-    except OSError as e:  # the disk filled up, the folder went away, ...: keep the model
-        rescue = Path(tempfile.mkdtemp(prefix="mdtrain-run-"))
-        _save(result, rescue)
-        raise UsageError(f"--output {result.output}: cannot write ({e.strerror or e}); "
-                         f"the run's outputs were saved to {rescue} instead") from None  # fmt: skip
+    save = functools.partial(_save, result)
+    if chief:
+        save_or_rescue(result.output, save)
+    else:
+        save_and_discard(save)
 
 
 def _save(result: TrainResult, out: Path) -> None:
-    out.mkdir(parents=True, exist_ok=True)
     result.model.save(out / "model.keras")
     (out / "history.json").write_text(json.dumps(result.history, indent=1))
     (out / "report.json").write_text(json.dumps(result.summary(), indent=1))

@@ -66,6 +66,35 @@ def test_chief_bad_input_is_one_line_and_exit_2(args, line):
     assert done.stderr.strip().splitlines()[-1] == f"mdtrain: error: {line}"
 
 
+def _epochs_of_transforms(dataset, steps_per_epoch: int, epochs: int) -> list[list]:
+    """Each epoch's transforms (rows of `pack_transforms`), sorted: what was drawn, in any order."""
+    batches = list(dataset.take(steps_per_epoch * epochs).as_numpy_iterator())
+    rows = [[tuple(row) for b in batches[e * steps_per_epoch:(e + 1) * steps_per_epoch]
+             for row in b[2]] for e in range(epochs)]  # fmt: skip
+    return [sorted(epoch) for epoch in rows]
+
+
+def test_each_worker_draws_new_transforms_every_epoch(tiny_dataset):
+    # What ClusterCoordinator does: the chief seeds, traces the dataset function ONCE and
+    # every worker runs that trace to build its dataset.
+    import keras
+    import tensorflow as tf
+
+    from mdtrain.data import load_splits
+    from mdtrain.ps.training import _dataset_fn
+
+    config = TrainConfig(data=str(tiny_dataset), epochs=2, image_size=32, seed=3)
+    splits = load_splits(config.data, config.val_data, config.validation_split, config.seed)
+    keras.utils.set_random_seed(config.seed)
+    build = tf.function(_dataset_fn(splits, 8, config)).get_concrete_function()
+    steps = -(-len(splits.train) // 8)
+    worker_1 = _epochs_of_transforms(build(), steps, 2)
+    worker_2 = _epochs_of_transforms(build(), steps, 2)
+    assert len(worker_1[0]) == len(splits.train)  # an epoch: every image once
+    assert worker_1[0] != worker_1[1], "the second epoch repeats the first one's transforms"
+    assert worker_1[0] != worker_2[0], "two workers draw the same transforms"
+
+
 # Two workers and a ps in a fresh process, training a linear model on one fixed batch at
 # the learning rate given (argv[1]). At 0 every step's loss is the same, so every point of
 # the curve must be that loss exactly.
@@ -181,7 +210,7 @@ def test_cli_launch_ps_trains_and_writes_outputs(tiny_dataset, tmp_path):
     report = json.loads((out / "report.json").read_text())
     assert report["completed"] == report["scheduled"] == 24
     assert report["augment_in"] == "model"  # auto: each worker's training step augments
-    assert "[chief] augmentation: drawn by each worker's input pipeline" in done.stdout
+    assert "[chief] augmentation: drawn by the input pipeline" in done.stdout
     lines = done.stdout.splitlines()
     json_line = next(line for line in lines if line.startswith("[chief] {"))  # its --json
     assert summary_of(json_line)["loss"] == report["loss"]
@@ -195,3 +224,22 @@ def test_cli_launch_ps_trains_and_writes_outputs(tiny_dataset, tmp_path):
 
 def summary_of(line: str) -> dict:
     return json.loads(line.split("] ", 1)[1])
+
+
+def test_outputs_that_cannot_be_written_are_saved_elsewhere(tmp_path, monkeypatch):
+    """The end of a parameter-server run keeps its model when --output cannot be written."""
+    import tempfile
+
+    import keras
+
+    from mdtrain.ps.training import _write_outputs
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the rescue folder goes here
+    (tmp_path / "taken").write_text("a file where the output folder should go")
+    net = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+    with pytest.raises(UsageError, match="cannot write") as error:
+        _write_outputs(tmp_path / "taken" / "run", net, {"steps": [10]})
+    rescue = str(error.value).rsplit(" saved to ", 1)[-1].removesuffix(" instead")
+    assert json.loads((tmp_path / rescue / "report.json").read_text()) == {"steps": [10]}
+    saved = keras.saving.load_model(f"{rescue}/model.keras")
+    assert all((a == b).all() for a, b in zip(saved.get_weights(), net.get_weights(), strict=True))

@@ -22,8 +22,9 @@ import numpy as np
 import tensorflow as tf
 
 from mdtrain.errors import UsageError
+from mdtrain.outputs import save_or_rescue
 from mdtrain.ps.cluster import coordinator
-from mdtrain.train import augment_place
+from mdtrain.train import AUGMENT_IN_STEP_NOTE, TrainConfig, input_data_for, new_trainer, run_splits
 
 
 @dataclass
@@ -72,8 +73,10 @@ def train_steps(
         strategy: a `ParameterServerStrategy`.
         coord: its `ClusterCoordinator`.
         trainer: a compiled `mdtrain.loop.ExactTrainer`, created in `strategy.scope()`.
-        dataset_fn: a function returning a repeated `(images, labels)` dataset;
-            every worker builds its own from it.
+        dataset_fn: a function returning a repeated dataset of `(images,
+            labels)`, or of `(images, labels, transforms)` for a trainer that
+            augments in its step (`InputData(augment_in="model")`); every
+            worker builds its own from it.
         num_steps: steps to run in all, over all workers.
         log_every: steps per point of the curve. Defaults to 10.
         on_block: called as `on_block(history)` after each point. Defaults to None.
@@ -119,8 +122,11 @@ _UNSUPPORTED = (
 _NO_DISK_CACHE = "--cache disk: every worker would write the same cache files; use memory or none"
 
 
-def check_config(config) -> None:
+def check_config(config: TrainConfig) -> None:
     """Raises `UsageError` for a `TrainConfig` option parameter-server training lacks.
+
+    Args:
+        config: the run's `TrainConfig`.
 
     Raises:
         UsageError: one line naming the option, pointing to notebook 07.
@@ -132,24 +138,19 @@ def check_config(config) -> None:
         raise UsageError(f"{_NO_DISK_CACHE} (see notebooks/07_choosing_a_strategy.ipynb)")
 
 
-def _dataset_fn(splits, image_size: int, batch_size: int, config):
-    from mdtrain.augment import AugmentPolicy
-    from mdtrain.pipeline import InputData
-
+def _dataset_fn(splits, batch_size: int, config: TrainConfig):
     def dataset_fn():
-        # Built on each worker: a dataset made on the chief cannot be copied to one.
-        inputs = InputData(
-            splits,
-            image_size,
-            batch_size,
-            seed=config.seed,
-            augment=AugmentPolicy() if config.augment else None,
-            augment_in=augment_place(config) or "pipeline",
-            # In each worker's memory: a disk cache would be one set of files for all.
-            cache="none" if config.cache in ("none", False) else "memory",
-        )
-        # Unseeded: each worker visits the same batches in its own order.
-        return inputs.train_epochs(0, 1).shuffle(64).repeat()
+        # Built on each worker from ONE function traced on the chief: no worker number
+        # reaches it, and an unseeded random op would draw what every other worker draws
+        # (the chief set the global seed). The clock where the dataset is built gives
+        # each worker a stream of its own: its own order and transforms, new every epoch.
+        stream = tf.cast(tf.timestamp() * 1e6, tf.int64) % 2**31  # microseconds
+        # In each worker's memory: a disk cache would be one set of files for all.
+        cache = "none" if config.cache in ("none", False) else "memory"
+        inputs = input_data_for(config, splits, batch_size, seed=stream, cache=cache)
+        # The run's epochs, each its own shuffle and transforms; repeated in case a worker
+        # takes over the steps of one that was lost.
+        return inputs.train_epochs(0, config.epochs).repeat()
 
     return dataset_fn
 
@@ -166,7 +167,7 @@ def _val_accuracy(net, val_ds) -> float | None:
 
 
 def train(
-    config,
+    config: TrainConfig,
     resolver=None,
     *,
     log_every: int = 10,
@@ -214,9 +215,8 @@ def train(
         f"of {batch} examples, asynchronous",
         flush=True,
     )
-    if augment_place(config) == "model":
-        print("augmentation: drawn by each worker's input pipeline, applied in its training step",
-              flush=True)  # fmt: skip
+    if config.augment_place == "model":
+        print(AUGMENT_IN_STEP_NOTE, flush=True)
 
     def on_block(history: PSHistory) -> None:
         if config.verbose:
@@ -224,7 +224,7 @@ def train(
         if mark_after is not None and history.steps[-1] >= mark_after and mark_file:
             _mark_once(history, mark_file)
 
-    dataset_fn = _dataset_fn(splits, size, batch, config)
+    dataset_fn = _dataset_fn(splits, batch, config)
     history = train_steps(
         strategy, coord, trainer, dataset_fn, num_steps, log_every=log_every, on_block=on_block
     )
@@ -236,41 +236,29 @@ def train(
         "num_train": len(splits.train),
         "class_names": splits.class_names,
         "val_accuracy": _val_accuracy(trainer.net, _val_ds(splits, size, batch)),
-        "augment_in": augment_place(config),
+        "augment_in": config.augment_place,
     }
     if config.output:
         _write_outputs(config.output, trainer.net, summary)
     return summary
 
 
-def _splits_and_batch(config):
+def _splits_and_batch(config: TrainConfig):
     """The run's data (the demo set when `config.data` is None) and its global batch size."""
-    from mdtrain.data import load_splits
     from mdtrain.distribute import resolve_global_batch_size
-    from mdtrain.sources import ensure_demo_dataset
 
-    data_dir = config.data if config.data is not None else str(ensure_demo_dataset())
-    splits = load_splits(data_dir, config.val_data, config.validation_split, config.seed)
     batch = resolve_global_batch_size(1, config.batch_size_per_replica, config.global_batch_size)
-    return splits, batch
+    return run_splits(config)[1], batch
 
 
-def _compiled_trainer(config, strategy, splits):
+def _compiled_trainer(config: TrainConfig, strategy, splits):
     """An `ExactTrainer` of `config`'s model; its variables live on the parameter servers."""
     from mdtrain.augment import AugmentPolicy
-    from mdtrain.imbalance import class_weights_for
-    from mdtrain.loop import ExactTrainer
-    from mdtrain.models import build_model
 
-    classes = splits.class_names
-    weights = class_weights_for(config.class_weight, splits.train.counts(len(classes)))
     keras.utils.set_random_seed(config.seed)
     with strategy.scope():
-        net = build_model(
-            config.model, len(classes), config.resolved_image_size, config.weights, config.dropout
-        )
-        augment = AugmentPolicy() if augment_place(config) == "model" else None
-        trainer = ExactTrainer(net, class_weights=weights, augment=augment)
+        augment = AugmentPolicy() if config.augment_place == "model" else None
+        trainer = new_trainer(config, splits, augment)
         trainer.compile(optimizer=keras.optimizers.Adam(config.learning_rate))
     return trainer
 
@@ -298,7 +286,8 @@ def _val_ds(splits, image_size: int, batch: int):
 
 
 def _write_outputs(folder, net, summary: dict) -> None:
-    out = Path(folder)
-    out.mkdir(parents=True, exist_ok=True)
-    net.save(out / "model.keras")
-    (out / "report.json").write_text(json.dumps(summary, indent=1))
+    def save(out: Path) -> None:
+        net.save(out / "model.keras")
+        (out / "report.json").write_text(json.dumps(summary, indent=1))
+
+    save_or_rescue(folder, save)

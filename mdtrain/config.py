@@ -1,0 +1,194 @@
+"""`TrainConfig`: every choice of a training run, and the checks made before TensorFlow starts.
+
+Free of TensorFlow at import, so that `mdtrain train` rejects a bad option in a
+fraction of a second; `mdtrain.train.train(config)` runs it.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+OUTPUT_FILES = ("model.keras", "history.json", "report.json")
+
+
+def _folder_problem(folder: Path) -> str | None:
+    """Why mdtrain could not create or write `folder`, or None: checked before training."""
+    if folder.exists():
+        return None if folder.is_dir() else "is a file; pass a folder"
+    parent = next(p for p in folder.absolute().parents if p.exists())
+    if not parent.is_dir():
+        return f"cannot be created: {parent} is a file"
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"cannot be created: {parent} is not writable"
+    return None
+
+
+@dataclass
+class TrainConfig:
+    """Every choice of a training run; field names match `mdtrain train` options.
+
+    `mdtrain train --help` describes each option; the fields hold their
+    defaults. The ones whose meaning is not in their name:
+
+    Args:
+        data: the image folder (one subfolder per class); None trains on the
+            demo dataset, created on first use.
+        batch_size_per_replica: images per replica per step; or set
+            `global_batch_size` instead (neither: 32 per replica).
+        image_size: side of the square images; None picks 32 for
+            `small-cnn` and 224 for the EfficientNets.
+        augment_in: `"auto"`, `"pipeline"` or `"model"`; see `augment_place`.
+        backup_dir: a folder for backups that let an interrupted run resume.
+        cache: `"auto"`, `"memory"`, `"disk"` or `"none"`
+            (`mdtrain.pipeline.resolve_cache`); `cache_dir` holds a disk cache.
+        monitor: `"auto"`, `"widget"`, `"text"` or `"none"`: how progress shows.
+        verbose: 0 silent, 1 a progress bar, 2 a line per epoch.
+
+    Example:
+
+    >>> TrainConfig(model="efficientnetv2-b0", weights="imagenet").resolved_image_size
+    224
+    """
+
+    data: str | None = None
+    val_data: str | None = None
+    validation_split: float = 0.0
+    model: str = "small-cnn"
+    weights: str = "none"
+    image_size: int | None = None
+    batch_size_per_replica: int | None = None
+    global_batch_size: int | None = None
+    epochs: int = 15
+    fine_tune_epochs: int = 0
+    learning_rate: float = 2e-3
+    strategy: str = "auto"
+    loop: str = "fit"
+    mixed_precision: bool = False
+    augment: bool = True
+    augment_in: str = "auto"
+    dropout: float = 0.2
+    class_weight: str = "none"
+    seed: int = 0
+    deterministic: bool = False
+    backup_dir: str | None = None
+    backup_every_steps: int | None = None
+    output: str | None = None
+    cache: str = "auto"
+    cache_dir: str | None = None
+    monitor: str = "auto"
+    verbose: int = 2
+
+    def validate(self) -> None:
+        """Raises `UsageError` for any value that cannot work, before TensorFlow starts."""
+        from mdtrain import choices as c
+
+        c.check_strategy_name(self.strategy)
+        c.check_model_name(self.model)
+        c.check_dropout(self.dropout)
+        c.check_batch_sizes(self.batch_size_per_replica, self.global_batch_size)
+        if self.image_size is not None:
+            c.check_image_size(self.model, self.image_size)
+        for argument, options in (
+            ("loop", c.LOOPS),
+            ("augment_in", c.AUGMENT_IN),
+            ("class_weight", c.CLASS_WEIGHTS),
+            ("cache", c.CACHE_MODES),
+            ("monitor", c.MONITOR_DISPLAYS),
+        ):
+            value = getattr(self, argument)
+            c.check(value in options, argument, value, f"choose one of {', '.join(options)}")
+        c.check(self.epochs >= 1, "epochs", self.epochs, "must be at least 1")
+        c.check(self.fine_tune_epochs >= 0, "fine_tune_epochs", self.fine_tune_epochs,
+                "must be at least 0")  # fmt: skip
+        c.check(self.learning_rate > 0, "learning_rate", self.learning_rate, "must be positive")
+        c.check(
+            0 <= self.validation_split < 1,
+            "validation_split",
+            self.validation_split,
+            "must be in [0, 1) (0 means no validation)",
+        )
+        c.check(
+            self.backup_every_steps is None or self.backup_every_steps >= 1,
+            "backup_every_steps",
+            self.backup_every_steps,
+            "must be at least 1",
+        )
+        c.check(
+            self.backup_every_steps is None or bool(self.backup_dir),
+            "backup_every_steps",
+            self.backup_every_steps,
+            "needs a backup folder (--backup-dir)",
+        )
+        c.check(
+            self.augment or self.augment_in == "auto",
+            "augment_in",
+            self.augment_in,
+            "has nothing to place: --no-augment turns augmentation off",
+        )
+        c.check_seed(self.seed)
+        self._validate_weights()
+        self._validate_folders()
+
+    def _validate_weights(self) -> None:
+        from mdtrain import choices as c
+
+        c.check(
+            self.fine_tune_epochs == 0 or self.model != "small-cnn",
+            "fine_tune_epochs",
+            self.fine_tune_epochs,
+            "needs a pretrained base: use an EfficientNet model",
+        )
+        c.check(
+            self.fine_tune_epochs == 0 or self.weights != "none",
+            "fine_tune_epochs",
+            self.fine_tune_epochs,
+            "needs a pretrained base: pass --weights imagenet or a weights file",
+        )
+        c.check(
+            self.weights in ("imagenet", "none") or os.path.isfile(self.weights),
+            "weights",
+            self.weights,
+            "no such file; pass imagenet, none, or a weights file",
+        )
+        # EfficientNetV2 trains its head on a frozen base: a random base cannot learn.
+        c.check(
+            self.weights != "none" or self.model not in c.EFFICIENTNETS,
+            "model",
+            self.model,
+            "trains only its head on a frozen base, so it needs --weights imagenet or a "
+            "…_notop.h5 file; to train an EfficientNet from scratch use efficientnet-lite0",
+        )
+
+    def _validate_folders(self) -> None:
+        from mdtrain import choices as c
+
+        for argument in ("output", "backup_dir", "cache_dir"):
+            folder = getattr(self, argument)
+            problem = _folder_problem(Path(folder)) if folder else None
+            c.check(problem is None, argument, folder, problem)
+        taken = [n for n in OUTPUT_FILES if self.output and (Path(self.output) / n).exists()]
+        c.check(not taken, "output", self.output, f"already holds {', '.join(taken)}; "
+                "choose a new folder (nothing was overwritten)")  # fmt: skip
+
+    @property
+    def resolved_image_size(self) -> int:
+        """`image_size`, or the model's own size when it is None."""
+        return self.image_size or (32 if self.model == "small-cnn" else 224)
+
+    @property
+    def augment_place(self) -> str | None:
+        """Where the run augments: `"pipeline"`, `"model"`, or None when it does not.
+
+        `auto` is the model, on every kind of replica: the input pipeline draws
+        and composes each image's transform, and each replica's training step
+        applies its slice of them (the same pixels either way). On GPUs the warp
+        is then a small kernel beside the model's, and the CPU threads, which
+        often cannot decode and warp as fast as the GPUs train, are left to
+        decode; on CPU replicas, where step and pipeline share the cores, it
+        trained at least as fast as the pipeline (`benchmarks/augment_in.json`).
+        """
+        if not self.augment:
+            return None
+        return "model" if self.augment_in == "auto" else self.augment_in
