@@ -145,6 +145,9 @@ def _dataset_fn(splits, batch_size: int, config: TrainConfig):
         # (the chief set the global seed). The clock where the dataset is built gives
         # each worker a stream of its own: its own order and transforms, new every epoch.
         stream = tf.cast(tf.timestamp() * 1e6, tf.int64) % 2**31  # microseconds
+        # tf.data compares a tensor seed with 0 in Python when the graph's seed is 0 (the
+        # default --seed) and fails (tensorflow/tensorflow#17284): this graph gets its own.
+        tf.random.set_seed(config.seed + 1)
         # In each worker's memory: a disk cache would be one set of files for all.
         cache = "none" if config.cache in ("none", False) else "memory"
         inputs = input_data_for(config, splits, batch_size, seed=stream, cache=cache)
