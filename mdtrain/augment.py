@@ -88,6 +88,11 @@ class AugmentPolicy:
         """Whether the policy changes brightness or contrast."""
         return self.brightness is not None or self.contrast > 0
 
+    @property
+    def is_identity(self) -> bool:
+        """Whether the policy leaves every image as it is."""
+        return not self.has_geometry and not self.has_colour
+
     def image_data_generator_kwargs(self) -> dict:
         """The same policy as keyword arguments of `ImageDataGenerator`.
 
@@ -217,7 +222,7 @@ def apply_packed(
     Returns:
         The augmented batch, same shape and dtype.
     """
-    if not policy.has_geometry and not policy.has_colour:
+    if policy.is_identity:
         return images
     matrices = tf.concat([packed[:, :6], tf.zeros_like(packed[:, :2])], axis=1)
     gain = offset = None
@@ -271,9 +276,14 @@ def _resample(images, matrices, gain, offset, nearest: bool):
         bottom = pixel(y0 + 1, x0) * (1.0 - fx) + pixel(y0 + 1, x0 + 1) * fx
         out = top * (1.0 - fy) + bottom * fy
     out = out * gain[:, None, None] + offset[:, None, :]
-    if images.dtype.is_integer:
-        out = tf.clip_by_value(tf.round(out), 0.0, float(images.dtype.max))
-    return tf.reshape(tf.cast(out, images.dtype), shape)
+    return tf.reshape(_to_dtype(out, images.dtype), shape)
+
+
+def _to_dtype(values: tf.Tensor, dtype: tf.DType) -> tf.Tensor:
+    """Float pixels to `dtype`: integer images are rounded and clipped to their range."""
+    if dtype.is_integer:
+        values = tf.clip_by_value(tf.round(values), 0.0, float(dtype.max))
+    return tf.cast(values, dtype)
 
 
 # One compiled kernel per batch shape, dtype and sampling (two shapes per run: full, last).
@@ -324,9 +334,7 @@ def apply_transforms(
         fill_mode=fill_mode.upper(),
     )
     out = tf.cast(out, tf.float32) * gain[:, None, None, None] + offset[:, None, None, :]
-    if images.dtype.is_integer:
-        out = tf.clip_by_value(tf.round(out), 0.0, float(images.dtype.max))
-    return tf.cast(out, images.dtype)
+    return _to_dtype(out, images.dtype)
 
 
 def augment_batch(images: tf.Tensor, policy: AugmentPolicy, seed, kernel: str = "xla") -> tf.Tensor:
@@ -347,7 +355,7 @@ def augment_batch(images: tf.Tensor, policy: AugmentPolicy, seed, kernel: str = 
     >>> augment_batch(batch, AugmentPolicy(), tf.constant([1, 2])).shape
     TensorShape([8, 64, 64, 3])
     """
-    if not policy.has_geometry and not policy.has_colour:
+    if policy.is_identity:
         return images
     return apply_packed(images, policy, draw_packed(images, policy, seed), kernel)
 

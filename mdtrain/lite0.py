@@ -441,11 +441,6 @@ def imagenet_class_names() -> list[str]:
     return names
 
 
-def weights_available() -> bool:
-    """Whether `--weights imagenet` can work offline (the weights package is installed)."""
-    return importlib.util.find_spec(WEIGHTS_PACKAGE) is not None
-
-
 def choose_pretrained(preferred: str, image_size: int) -> tuple[str, str | None]:
     """The network to fine-tune: `preferred` where its ImageNet weights load, else Lite0.
 

@@ -21,7 +21,9 @@ The training pipeline, stage by stage and why:
    replicas, and the last, partial batch is kept, not dropped;
 5. augmented a whole batch at a time by one fused, XLA-compiled pass
    (`mdtrain.augment`: flip, rotation, zoom, brightness, contrast), batches
-   in parallel;
+   in parallel; or, with `augment_in="model"` (what `mdtrain train` does by
+   default), each image's transform only drawn and composed here
+   (`draw_packed`), for the training step to apply;
 6. prefetched, so the next batch is ready while the devices compute.
 
 The auto-shard policy is set explicitly to DATA: a dataset built from a list
@@ -113,18 +115,31 @@ def decoded_images(
     ds = tf.data.Dataset.from_tensor_slices(
         (tf_paths(images.files), np.asarray(images.labels, np.int32))
     )
-    ds = ds.map(
-        lambda path, label: (load_image(path, image_size), label),
-        num_parallel_calls=AUTOTUNE,
-        deterministic=deterministic,
-    )
+    ds = _decode(ds, image_size, deterministic)
     if cache:
         ds = ds.cache("" if cache is True else cache)
     return ds
 
 
-def epoch_seed(seed, epoch: int):
-    """A seed that depends on (seed, epoch) only: an int, or a tensor if `seed` is one."""
+def _decode(names: tf.data.Dataset, image_size: int, deterministic: bool) -> tf.data.Dataset:
+    """`(path, label)` to `(uint8 image, label)`, decoded in parallel (`load_image`)."""
+    return names.map(
+        lambda path, label: (load_image(path, image_size), label),
+        num_parallel_calls=AUTOTUNE,
+        deterministic=deterministic,
+    )
+
+
+def epoch_seed(seed: int | tf.Tensor, epoch: int | tf.Tensor) -> int | tf.Tensor:
+    """A seed that depends on (seed, epoch) only: an int, or a tensor if either is one.
+
+    Args:
+        seed: the run's seed.
+        epoch: the epoch's number (or, for a step's seed, the step's).
+
+    Returns:
+        The seed.
+    """
     if isinstance(seed, int):
         return (seed * 1_000_003 + epoch) % (2**63)
     return tf.cast(seed, tf.int64) * 1_000_003 + epoch
@@ -258,7 +273,7 @@ class InputData:
         if self.cache_mode != "none":
             # Decoded in epoch 0's order, deterministically, so later epochs (a
             # shuffle of the cache) depend on (seed, epoch) only.
-            ds = self._decode(self._first_order(self._names), deterministic=True)
+            ds = _decode(self._first_order(self._names), self.image_size, deterministic=True)
             self._train_cached = ds.cache(self._cache_file(train, "train"))
         self.val_ds = None
         if self.num_val:
@@ -278,23 +293,16 @@ class InputData:
         claim(prefix)
         return prefix
 
-    def _decode(self, ds: tf.data.Dataset, deterministic: bool) -> tf.data.Dataset:
-        size = self.image_size
-        return ds.map(
-            lambda path, label: (load_image(path, size), label),
-            num_parallel_calls=AUTOTUNE,
-            deterministic=deterministic,
-        )
-
     def _first_order(self, ds: tf.data.Dataset) -> tf.data.Dataset:
         """Epoch 0's order: a shuffle of the names (whose buffer holds names only)."""
-        if not self.shuffle:
-            return ds
-        return ds.shuffle(self.num_train, seed=epoch_seed(self.seed, 0),
-                          reshuffle_each_iteration=False)  # fmt: skip
+        return self._shuffled(ds, 0, self.num_train)
 
     def _reshuffle(self, ds: tf.data.Dataset, epoch: int, buffer: int) -> tf.data.Dataset:
-        if not self.shuffle or epoch == 0:
+        """Epoch `epoch`'s reshuffle of epoch 0's order (none for epoch 0 itself)."""
+        return ds if epoch == 0 else self._shuffled(ds, epoch, buffer)
+
+    def _shuffled(self, ds: tf.data.Dataset, epoch: int, buffer: int) -> tf.data.Dataset:
+        if not self.shuffle:
             return ds
         return ds.shuffle(buffer, seed=epoch_seed(self.seed, epoch),
                           reshuffle_each_iteration=False)  # fmt: skip
@@ -334,27 +342,36 @@ class InputData:
         its later epochs mix less. With `deterministic=False` parallel
         decoding may hand images over slightly out of order (never across
         epochs), which keeps every core busy when file costs vary.
+
+        Args:
+            epoch: the epoch's number, from 0.
+
+        Returns:
+            A dataset of `(images, labels)` batches, or of `(images, labels,
+            transforms)` with `augment_in="model"`.
         """
         if self._train_cached is not None:
             buffer = self.num_train if self.cache_mode == "memory" else DISK_SHUFFLE_BUFFER
             ds = self._reshuffle(self._train_cached, epoch, buffer)
         else:
             names = self._reshuffle(self._first_order(self._names), epoch, self.num_train)
-            ds = self._decode(names, self.deterministic)
+            ds = _decode(names, self.image_size, self.deterministic)
         ds = ds.batch(self.global_batch_size)
-        if self.augment is not None:
-            policy, seed, in_model = self.augment, self.seed, self.augment_in == "model"
+        return ds if self.augment is None else self._augmented(ds, epoch)
 
-            def augment(step, batch):
-                images, labels = batch
-                step_seed = tf.stack([tf.cast(seed, tf.int64), epoch_seed(step, epoch)])
-                if not in_model:
-                    return augment_batch(images, policy, step_seed), labels
-                # Drawn and composed here, applied by each replica to its slice.
-                return images, labels, draw_packed(images, policy, step_seed)
+    def _augmented(self, batches: tf.data.Dataset, epoch: int) -> tf.data.Dataset:
+        """Each batch augmented, or its transforms drawn for the model, from (seed, epoch, step)."""
+        policy, seed, in_model = self.augment, self.seed, self.augment_in == "model"
 
-            ds = ds.enumerate().map(augment, num_parallel_calls=AUTOTUNE)
-        return ds
+        def augment(step, batch):
+            images, labels = batch
+            step_seed = tf.stack([tf.cast(seed, tf.int64), epoch_seed(step, epoch)])
+            if not in_model:
+                return augment_batch(images, policy, step_seed), labels
+            # Drawn and composed here, applied by each replica to its slice.
+            return images, labels, draw_packed(images, policy, step_seed)
+
+        return batches.enumerate().map(augment, num_parallel_calls=AUTOTUNE)
 
     def train_epochs(self, first_epoch: int = 0, last_epoch: int = 1) -> tf.data.Dataset:
         """Training batches of epochs `first_epoch`…`last_epoch - 1` back to back, prefetched.
@@ -362,6 +379,13 @@ class InputData:
         Each epoch is its own shuffled pass over the (cached) images, chained
         with `concatenate`; a resumed run starting at epoch k gets exactly the
         batches an uninterrupted run saw from epoch k on.
+
+        Args:
+            first_epoch: the first epoch's number. Defaults to 0.
+            last_epoch: one past the last epoch's number. Defaults to 1.
+
+        Returns:
+            The batches (see `epoch_batches`), prefetched.
         """
         ds = self.epoch_batches(first_epoch)
         for epoch in range(first_epoch + 1, last_epoch):

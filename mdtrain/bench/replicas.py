@@ -3,14 +3,16 @@
 Every run is a fresh Python process, because virtual CPU devices, thread pools
 and the CPU allocator are fixed when TensorFlow starts. Each trains the README's
 main job's model on the same data: small-cnn at 64 px, global batch 64, the same
-augmented, cached `InputData` batches and learning-rate schedule, validation
-after every epoch. Three variants, one after the other in every round, rounds
-repeated, so a change in machine load hits all of them alike:
+cached `InputData` batches, augmented in the input pipeline (`--augment-in
+pipeline` for mdtrain: the loops are compared, not where the warp runs), the
+same learning-rate schedule, validation after every epoch. Three variants,
+one after the other in every round, rounds repeated, so a change in machine
+load hits all of them alike:
 
 - `keras_fit`: plain `keras.Model.fit`, no strategy, Keras' own loss and
   metrics, TensorFlow's default settings (what a Keras user runs);
 - `mdtrain`: `mdtrain train` as the README runs it (2 virtual CPU replicas
-  where there is no GPU, the exact step, the monitor);
+  where there is no GPU, the exact step, the monitor), augmenting in the pipeline;
 - `mdtrain_one`: `mdtrain train --strategy one`.
 
 The rate counts the training part of every epoch after the first (the
@@ -124,7 +126,7 @@ def throughput_worker(config: dict) -> dict:
         result = train(
             TrainConfig(data=config["data"], strategy=STRATEGY[variant], epochs=config["epochs"],
                         image_size=MAIN_JOB["image_size"], global_batch_size=MAIN_JOB["batch_size"],
-                        verbose=0, monitor="none"),
+                        augment_in="pipeline", verbose=0, monitor="none"),
             callbacks=[timer],
         )  # fmt: skip
         num_train, replicas = result.num_train, result.replicas

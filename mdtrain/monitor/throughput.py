@@ -173,11 +173,6 @@ class ThroughputMeter:
             self._epoch.add(steps, images, seconds, wait)
             self._recent.append((images, seconds, wait))
 
-    @property
-    def steps_seen(self) -> int:
-        """Steps finished since training began, warm-up included."""
-        return self._seen
-
     def train_rates(self) -> Rates:
         """Rates over all of training (warm-up excluded)."""
         with self._lock:
