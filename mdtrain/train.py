@@ -270,7 +270,6 @@ class _Run:
         )
 
     def execute(self, callbacks: list) -> TrainResult:
-        from mdtrain.backup import resume_point
         from mdtrain.heartbeat import heartbeat_from_env
         from mdtrain.monitor import make_monitor
         from mdtrain.plan import plan_run
@@ -283,13 +282,7 @@ class _Run:
             display=config.monitor if self.chief else "none",
             augments_on_device=self.augment_in == "model",
         )
-        point = resume_point(config.backup_dir, self.fingerprint(), self.chief, say=self._say)
-        total = config.epochs + config.fine_tune_epochs
-        if point.epoch > total:
-            raise UsageError(
-                f"--backup-dir {config.backup_dir}: its backup is at epoch {point.epoch}, past "
-                f"this run's {total}; use the same --epochs, or another --backup-dir"
-            )
+        point = self._resume_point()
         segments = plan_run(config.epochs, config.fine_tune_epochs, config.learning_rate,
                             self.inputs.steps_per_epoch, point.position)  # fmt: skip
         if not segments and point.path is not None:
@@ -300,7 +293,24 @@ class _Run:
         with monitor.run():  # one run's figures across phases and resume segments
             for segment in segments:
                 history += self._run_segment(segment, point, [*callbacks, monitor], history)
-        summary = monitor.summary()
+        return self._result(history, monitor.summary())
+
+    def _resume_point(self):
+        """Where the backup says the run stands (the start without one); refuses one too far."""
+        from mdtrain.backup import resume_point
+
+        config = self.config
+        point = resume_point(config.backup_dir, self.fingerprint(), self.chief, say=self._say)
+        total = config.epochs + config.fine_tune_epochs
+        if point.epoch > total:
+            raise UsageError(
+                f"--backup-dir {config.backup_dir}: its backup is at epoch {point.epoch}, past "
+                f"this run's {total}; use the same --epochs, or another --backup-dir"
+            )
+        return point
+
+    def _result(self, history: list[dict[str, float]], summary) -> TrainResult:
+        config = self.config
         return TrainResult(
             config=config,
             replicas=self.replicas,
