@@ -145,6 +145,24 @@ def input_data_for(config: TrainConfig, splits, global_batch_size: int, **overri
                      **{**arguments, **overrides})  # fmt: skip
 
 
+def cosine_schedule(learning_rate: float, steps: int):
+    """The learning rate of a training phase: cosine decay to a tenth over its `steps`.
+
+    Large steps early, and a settled model (and BatchNorm statistics) by the
+    last epoch, whatever the strategy.
+
+    Args:
+        learning_rate: the rate at the phase's first step.
+        steps: the phase's steps (all workers' together under parameter servers).
+
+    Returns:
+        A `keras.optimizers.schedules.CosineDecay`.
+    """
+    import keras
+
+    return keras.optimizers.schedules.CosineDecay(learning_rate, decay_steps=steps, alpha=0.1)
+
+
 def new_trainer(config: TrainConfig, splits, augment=None):
     """`config`'s model in an `mdtrain.loop.ExactTrainer`; call it in the strategy's scope.
 
@@ -342,11 +360,7 @@ class _Run:
                 n = unfreeze_top(self.trainer.net)
                 self._say(f"fine-tuning: {n} top layers of the base unfrozen, "
                           f"learning rate {segment.learning_rate:g}")  # fmt: skip
-            # Cosine decay to a tenth over the phase: large steps early, and a
-            # settled model (and BatchNorm statistics) by the last epoch.
-            schedule = keras.optimizers.schedules.CosineDecay(
-                segment.learning_rate, decay_steps=segment.decay_steps, alpha=0.1
-            )
+            schedule = cosine_schedule(segment.learning_rate, segment.decay_steps)
             self.trainer.compile(optimizer=keras.optimizers.Adam(schedule))
 
     def _restore_finished(self, point) -> None:

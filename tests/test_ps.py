@@ -209,6 +209,8 @@ def test_cli_launch_ps_trains_and_writes_outputs(tiny_dataset, tmp_path):
     assert "[chief] parameter-server training: 2 worker(s), 1 ps; 24 steps of 8" in done.stdout
     report = json.loads((out / "report.json").read_text())
     assert report["completed"] == report["scheduled"] == 24
+    # The learning rate decays over the run's steps, all workers' together, as in mdtrain train.
+    assert report["learning_rate"] == pytest.approx([0.003, 0.003 * (0.1 + 0.9 * 0.5)])
     assert report["augment_in"] == "model"  # auto: each worker's training step augments
     assert "[chief] augmentation: drawn by the input pipeline" in done.stdout
     lines = done.stdout.splitlines()

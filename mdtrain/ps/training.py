@@ -24,7 +24,14 @@ import tensorflow as tf
 from mdtrain.errors import UsageError
 from mdtrain.outputs import save_or_rescue
 from mdtrain.ps.cluster import coordinator
-from mdtrain.train import AUGMENT_IN_STEP_NOTE, TrainConfig, input_data_for, new_trainer, run_splits
+from mdtrain.train import (
+    AUGMENT_IN_STEP_NOTE,
+    TrainConfig,
+    cosine_schedule,
+    input_data_for,
+    new_trainer,
+    run_splits,
+)
 
 
 @dataclass
@@ -33,6 +40,7 @@ class PSHistory:
 
     steps: list[int] = field(default_factory=list)  # steps done at the end of each block
     loss: list[float] = field(default_factory=list)  # mean training loss of the block's steps
+    learning_rate: list[float] = field(default_factory=list)  # the rate the block ran at
     accuracy: list[float] = field(default_factory=list)  # and their training accuracy
     seconds: list[float] = field(default_factory=list)  # since the first step was scheduled
     scheduled: int = 0
@@ -58,6 +66,7 @@ def train_steps(
     *,
     log_every: int = 10,
     on_block=None,
+    learning_rate=None,
 ) -> PSHistory:
     """Schedules `num_steps` asynchronous training steps and waits for them.
 
@@ -80,6 +89,10 @@ def train_steps(
         num_steps: steps to run in all, over all workers.
         log_every: steps per point of the curve. Defaults to 10.
         on_block: called as `on_block(history)` after each point. Defaults to None.
+        learning_rate: called as `learning_rate(completed_steps)` before each
+            block, the rate the block runs at (the optimizer must have been
+            built with a float rate); None leaves the optimizer's own.
+            Defaults to None.
 
     Returns:
         The `PSHistory`.
@@ -98,6 +111,12 @@ def train_steps(
     history, start = PSHistory(), time.perf_counter()
     while history.scheduled < num_steps:
         block = min(log_every, num_steps - history.scheduled)
+        if learning_rate is not None:
+            # Set from the coordinator's count of steps, not the optimizer's: under parameter
+            # servers `iterations` undercounts, because Keras 3's `assign_add` reads and then
+            # writes, and two workers' increments can interleave and one be lost.
+            trainer.optimizer.learning_rate = learning_rate(history.completed)
+            history.learning_rate.append(float(trainer.optimizer.learning_rate))
         remote = [coord.schedule(step, args=(iterator,)) for _ in range(block)]
         history.scheduled += block
         coord.join()  # raises if a step failed for a reason other than a lost worker
@@ -194,7 +213,8 @@ def train(
     Returns:
         A JSON-able summary: `steps`, `loss`, `accuracy`, `seconds` (per
         point), `steps_per_sec`, `scheduled`, `completed`, `val_accuracy`,
-        `num_workers`, `num_ps`, `global_batch_size`, `num_train`, `class_names`.
+        `num_workers`, `num_ps`, `global_batch_size`, `num_train`, `class_names`,
+        `augment_in`, and `learning_rate`, the rate of each block.
 
     Raises:
         UsageError: for an option parameter-server training lacks, or bad data.
@@ -211,8 +231,8 @@ def train(
     workers, servers = len(cluster.get("worker", [])), len(cluster.get("ps", []))
     splits, batch = _splits_and_batch(config)
     size = config.resolved_image_size
-    trainer = _compiled_trainer(config, strategy, splits)
     num_steps = config.epochs * -(-len(splits.train) // batch)
+    trainer = _compiled_trainer(config, strategy, splits)
     print(
         f"parameter-server training: {workers} worker(s), {servers} ps; {num_steps} steps "
         f"of {batch} examples, asynchronous",
@@ -228,9 +248,11 @@ def train(
             _mark_once(history, mark_file)
 
     dataset_fn = _dataset_fn(splits, batch, config)
+    schedule = cosine_schedule(config.learning_rate, num_steps)
     history = train_steps(
-        strategy, coord, trainer, dataset_fn, num_steps, log_every=log_every, on_block=on_block
-    )
+        strategy, coord, trainer, dataset_fn, num_steps, log_every=log_every,
+        on_block=on_block, learning_rate=lambda completed: float(schedule(completed)),
+    )  # fmt: skip
     summary = asdict(history) | {
         "steps_per_sec": history.steps_per_sec(),
         "num_workers": workers,
@@ -262,6 +284,7 @@ def _compiled_trainer(config: TrainConfig, strategy, splits):
     with strategy.scope():
         augment = AugmentPolicy() if config.augment_place == "model" else None
         trainer = new_trainer(config, splits, augment)
+        # A float rate, which the coordinator sets block by block (`train_steps`).
         trainer.compile(optimizer=keras.optimizers.Adam(config.learning_rate))
     return trainer
 
