@@ -114,7 +114,8 @@ def train_steps(
         if learning_rate is not None:
             # Set from the coordinator's count of steps, not the optimizer's: under parameter
             # servers `iterations` undercounts, because Keras 3's `assign_add` reads and then
-            # writes, and two workers' increments can interleave and one be lost.
+            # writes, and two workers' increments can interleave and one be lost (the optimizer
+            # races under parameter servers: keras-team/keras#18668).
             trainer.optimizer.learning_rate = learning_rate(history.completed)
             history.learning_rate.append(float(trainer.optimizer.learning_rate))
         remote = [coord.schedule(step, args=(iterator,)) for _ in range(block)]
