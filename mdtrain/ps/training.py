@@ -40,9 +40,9 @@ class PSHistory:
 
     steps: list[int] = field(default_factory=list)  # steps done at the end of each block
     loss: list[float] = field(default_factory=list)  # mean training loss of the block's steps
-    learning_rate: list[float] = field(default_factory=list)  # the rate the block ran at
     accuracy: list[float] = field(default_factory=list)  # and their training accuracy
     seconds: list[float] = field(default_factory=list)  # since the first step was scheduled
+    learning_rate: list[float] = field(default_factory=list)  # the rate the block ran at
     scheduled: int = 0
     completed: int = 0
     events: list[str] = field(default_factory=list)
