@@ -1,6 +1,6 @@
 """Peak memory and time to the first training step, as the dataset grows.
 
-Runs `mdtrain.train.train` on synthetic datasets of 1,500 and 15,000 training
+Runs `mdtrain.training.train` on synthetic datasets of 1,500 and 15,000 training
 images (`mdtrain.sources.make_synthetic_dataset`), each run in a fresh
 process, and records the process's peak resident memory over one epoch and
 the seconds from process start to the end of the first training step:
@@ -45,7 +45,7 @@ def _worker(config: dict) -> dict:
     import keras
     import psutil
 
-    from mdtrain.train import TrainConfig, train
+    from mdtrain.training import TrainConfig, train
 
     started = psutil.Process().create_time()
     marks: dict[str, float] = {}

@@ -73,7 +73,7 @@ def _add_data(sub) -> None:
 
 def _add_train(sub) -> None:
     from mdtrain.choices import AUGMENT_IN, CLASS_WEIGHTS, LITE0, LOOPS, MODELS, STRATEGIES
-    from mdtrain.train import TrainConfig  # no TensorFlow at import
+    from mdtrain.training import TrainConfig  # no TensorFlow at import
 
     t = sub.add_parser("train", help="train an image classifier under a distribution strategy")
     t.add_argument("--data", help="dataset folder with one sub-folder per class (default: the "
@@ -126,7 +126,7 @@ def _add_train(sub) -> None:
 
 def _use_train_config_defaults(t) -> None:
     """`TrainConfig` holds each training default once: the options use and show its values."""
-    from mdtrain.train import TrainConfig  # no TensorFlow at import
+    from mdtrain.training import TrainConfig  # no TensorFlow at import
 
     t.set_defaults(**{f.name: f.default for f in dataclasses.fields(TrainConfig)})
 
@@ -283,7 +283,7 @@ def _run_data(args) -> int:
 
 
 def _run_train(args) -> int:
-    from mdtrain.train import TrainConfig, train
+    from mdtrain.training import TrainConfig, train
 
     options = {k: v for k, v in vars(args).items() if k not in ("command", "json")}
     config = TrainConfig(**options)
@@ -308,7 +308,7 @@ def _run_bench(args) -> int:
 
 
 def _run_launch(args) -> int:
-    from mdtrain.launch import launch
+    from mdtrain.launcher import launch
 
     train_args = args.train_args[1:] if args.train_args[:1] == ["--"] else args.train_args
     if train_args[:1] == ["train"]:  # `-- train --data D` reads as naturally as `-- --data D`
@@ -321,7 +321,7 @@ def _run_launch(args) -> int:
 
 
 def _run_predict(args) -> int:
-    from mdtrain.predict import find_image_files
+    from mdtrain.prediction import find_image_files
 
     find_image_files(args.paths)  # bad input: one line, before TensorFlow starts
     if args.model == "efficientnet-lite0" and args.weights == "imagenet":
@@ -329,7 +329,7 @@ def _run_predict(args) -> int:
 
         lite0_torch_file()  # says what to install when the weights package is missing
     import_tensorflow()
-    from mdtrain.predict import predict
+    from mdtrain.prediction import predict
 
     result = predict(
         args.paths, model_file=args.model_file, model=args.model, weights=args.weights,

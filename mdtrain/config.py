@@ -1,7 +1,7 @@
 """`TrainConfig`: every choice of a training run, and the checks made before TensorFlow starts.
 
 Free of TensorFlow at import, so that `mdtrain train` rejects a bad option in a
-fraction of a second; `mdtrain.train.train(config)` runs it.
+fraction of a second; `mdtrain.training.train(config)` runs it.
 """
 
 from __future__ import annotations

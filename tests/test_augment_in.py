@@ -72,7 +72,7 @@ import json, sys
 from mdtrain.distribute import configure_devices
 configure_devices("cpu:2")
 from mdtrain.numerics import max_relative_difference
-from mdtrain.train import TrainConfig, train
+from mdtrain.training import TrainConfig, train
 
 def run(**options):
     result = train(TrainConfig(data=sys.argv[1], image_size=32, epochs=2, global_batch_size=10,

@@ -81,7 +81,7 @@ import keras
 from mdtrain import backup
 from mdtrain.errors import UsageError
 from mdtrain.numerics import max_weight_difference
-from mdtrain.train import TrainConfig, train
+from mdtrain.training import TrainConfig, train
 
 data, work = sys.argv[1], sys.argv[2]
 base = dict(data=data, image_size=16, epochs=3, global_batch_size=8, strategy="one",

@@ -1,4 +1,4 @@
-"""Tests for mdtrain.launch, with a fake worker script (no TensorFlow) except one slow test."""
+"""Tests for mdtrain.launcher, with a fake worker script (no TensorFlow) except one slow test."""
 
 import faulthandler
 import io
@@ -17,7 +17,7 @@ import pytest
 
 from mdtrain import launch as launch_mod
 from mdtrain.errors import UsageError
-from mdtrain.launch import free_ports, kill_worker_when, launch, run_workers, tf_config
+from mdtrain.launcher import free_ports, kill_worker_when, launch, run_workers, tf_config
 
 FAKE = [sys.executable, str(Path(__file__).parent / "fixtures" / "fake_worker.py")]
 ROOT = Path(__file__).resolve().parents[1]
@@ -264,10 +264,10 @@ def _start_launcher(tmp_path, pids, pdeathsig=True):
     script = textwrap.dedent(f"""
         import signal, sys
         signal.signal(signal.SIGINT, signal.default_int_handler)
-        import mdtrain.launch.processes
-        from mdtrain.launch import run_workers
+        import mdtrain.launcher.processes
+        from mdtrain.launcher import run_workers
         if not {pdeathsig!r}:
-            mdtrain.launch.processes.child_setup = lambda: None
+            mdtrain.launcher.processes.child_setup = lambda: None
         sys.exit(run_workers({FAKE!r}, 2, log_dir={str(tmp_path / "logs")!r}))
     """)
     env = _env(FAKE_SLEEP="0:inf,1:inf", FAKE_PIDS=pids, PYTHONPATH=ROOT)

@@ -1,4 +1,4 @@
-"""`mdtrain predict` and `mdtrain.predict.predict`: a saved run, and the ImageNet network."""
+"""`mdtrain predict` and `mdtrain.prediction.predict`: a saved run, and the ImageNet network."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 
 from mdtrain.data import ImageList
 from mdtrain.errors import UsageError
-from mdtrain.predict import find_image_files, predict
+from mdtrain.prediction import find_image_files, predict
 from tests.conftest import run_mdtrain
 
 SIZE = 32

@@ -13,7 +13,7 @@ import pytest
 
 from mdtrain import ps
 from mdtrain.errors import UsageError
-from mdtrain.train import TrainConfig
+from mdtrain.training import TrainConfig
 from tests.conftest import run_mdtrain
 
 

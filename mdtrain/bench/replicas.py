@@ -121,7 +121,7 @@ def throughput_worker(config: dict) -> dict:
     if variant == "keras_fit":
         num_train = _keras_fit(config["data"], config["epochs"], timer)
     else:
-        from mdtrain.train import TrainConfig, train
+        from mdtrain.training import TrainConfig, train
 
         result = train(
             TrainConfig(data=config["data"], strategy=STRATEGY[variant], epochs=config["epochs"],

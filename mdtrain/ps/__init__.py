@@ -18,7 +18,7 @@ machines (`cluster`: the thread-pool trap).
 
 Security: the servers speak unauthenticated, unencrypted gRPC, exactly as
 under MultiWorkerMirroredStrategy; keep them on loopback or a trusted
-network (see `mdtrain.launch`).
+network (see `mdtrain.launcher`).
 
 Modules: `cluster` (the servers, an in-process cluster, the coordinator),
 `training` (the chief's loop and `train`), `processes` (`python -m

@@ -81,7 +81,7 @@ def in_process_cluster(
     Returns:
         A cluster resolver for `tf.distribute.ParameterServerStrategy`.
     """
-    from mdtrain.launch import ps_cluster
+    from mdtrain.launcher import ps_cluster
 
     cluster = ps_cluster(num_workers, num_ps)  # free loopback ports; its chief is this process
     spec = tf.train.ClusterSpec({"worker": cluster["worker"], "ps": cluster["ps"]})

@@ -51,7 +51,7 @@ def run_local(
     """
     import tempfile
 
-    from mdtrain.launch import kill_worker_when, launch
+    from mdtrain.launcher import kill_worker_when, launch
 
     out = Path(tempfile.mkdtemp(prefix="mdtrain-ps-"))
     args = [*train_args, "--output", str(out / "run"), "--log-every", str(log_every)]
@@ -76,7 +76,7 @@ def _chief(argv: list[str]) -> int:
     import argparse
 
     from mdtrain.cli import build_parser
-    from mdtrain.train import TrainConfig
+    from mdtrain.training import TrainConfig
 
     extra = argparse.ArgumentParser(add_help=False)
     extra.add_argument("--log-every", type=int, default=10,

@@ -24,7 +24,7 @@ import tensorflow as tf
 from mdtrain.errors import UsageError
 from mdtrain.outputs import save_or_rescue
 from mdtrain.ps.cluster import coordinator
-from mdtrain.train import (
+from mdtrain.training import (
     AUGMENT_IN_STEP_NOTE,
     TrainConfig,
     cosine_schedule,
@@ -204,7 +204,7 @@ def train(
     by the workers as they come free.
 
     Args:
-        config: a `mdtrain.train.TrainConfig`; `strategy` is ignored.
+        config: a `mdtrain.training.TrainConfig`; `strategy` is ignored.
         resolver: the cluster. Defaults to None: `TF_CONFIG`'s.
         log_every: steps per point of the loss curve. Defaults to 10.
         mark_after: for a fault drill: after this many steps, create

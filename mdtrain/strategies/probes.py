@@ -215,10 +215,10 @@ def _read_coordinator_loop(row: Row, done: dict, steps: int, wait_s: float) -> l
 
 
 def _probe_multiworker(smoke: bool, result: Path) -> None:
-    """Starts 2 local workers (`mdtrain.launch`) that each run `multiworker-worker`."""
+    """Starts 2 local workers (`mdtrain.launcher`) that each run `multiworker-worker`."""
     import io
 
-    from mdtrain.launch import run_workers
+    from mdtrain.launcher import run_workers
 
     command = [
         sys.executable,

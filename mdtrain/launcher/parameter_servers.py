@@ -9,8 +9,8 @@ from typing import TextIO
 
 from mdtrain.errors import UsageError
 from mdtrain.gpus import assign_gpus, visible_gpus
-from mdtrain.launch.addresses import cluster_tf_config, ps_cluster
-from mdtrain.launch.processes import (
+from mdtrain.launcher.addresses import cluster_tf_config, ps_cluster
+from mdtrain.launcher.processes import (
     HANG_EXIT_CODE,
     POLL_S,
     Job,

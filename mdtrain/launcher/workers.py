@@ -13,8 +13,8 @@ from typing import TextIO
 
 from mdtrain.errors import UsageError
 from mdtrain.gpus import assign_gpus, visible_gpus
-from mdtrain.launch.addresses import address, free_ports, tf_config
-from mdtrain.launch.processes import (
+from mdtrain.launcher.addresses import address, free_ports, tf_config
+from mdtrain.launcher.processes import (
     HANG_EXIT_CODE,
     POLL_S,
     Job,
@@ -98,7 +98,7 @@ def run_workers(
     go to `stream` as `[worker i] ...` and are appended to `log_dir/worker-i.log`
     under a `=== attempt k ===` header. A worker that exits non-zero stops the
     others; while restarts are left all start again on fresh ports, and resuming
-    is the command's job (`--backup-dir`). See `mdtrain.launch`'s docstring for exit
+    is the command's job (`--backup-dir`). See `mdtrain.launcher`'s docstring for exit
     codes and why `host` must stay on loopback or a trusted network.
 
     Args:

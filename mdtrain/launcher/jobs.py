@@ -5,8 +5,8 @@ from __future__ import annotations
 import sys
 
 from mdtrain.errors import UsageError
-from mdtrain.launch.parameter_servers import run_ps_cluster
-from mdtrain.launch.workers import run_workers
+from mdtrain.launcher.parameter_servers import run_ps_cluster
+from mdtrain.launcher.workers import run_workers
 
 
 def _without_strategy(train_args: list[str], wanted: str, why: str) -> list[str]:

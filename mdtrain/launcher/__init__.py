@@ -12,7 +12,7 @@ Modules: `addresses` (free ports, `TF_CONFIG`), `processes` (one group of
 processes: start, pump output, stop them all whatever happens), `workers`
 (`run_workers`, restarts, hang detection, `kill_worker_when`),
 `parameter_servers` (`run_ps_cluster`), `jobs` (`launch`, `launch_ps`: the CLI's
-`mdtrain launch`). Every public name imports from `mdtrain.launch`.
+`mdtrain launch`). Every public name imports from `mdtrain.launcher`.
 
 Exit codes of `run_workers` and `launch`: the chief's (worker 0's) status when
 every worker ends on its own; the failing worker's status when a worker fails and
@@ -30,11 +30,11 @@ reachable from an untrusted network, firewall the ports or run the workers in a
 network namespace or container without outside access.
 """
 
-from mdtrain.launch.addresses import cluster_tf_config, free_ports, ps_cluster, tf_config
-from mdtrain.launch.jobs import launch, launch_ps
-from mdtrain.launch.parameter_servers import run_ps_cluster
-from mdtrain.launch.processes import HANG_EXIT_CODE
-from mdtrain.launch.workers import USAGE_EXIT_CODE, kill_worker_when, run_workers
+from mdtrain.launcher.addresses import cluster_tf_config, free_ports, ps_cluster, tf_config
+from mdtrain.launcher.jobs import launch, launch_ps
+from mdtrain.launcher.parameter_servers import run_ps_cluster
+from mdtrain.launcher.processes import HANG_EXIT_CODE
+from mdtrain.launcher.workers import USAGE_EXIT_CODE, kill_worker_when, run_workers
 
 __all__ = [
     "HANG_EXIT_CODE",

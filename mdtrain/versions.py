@@ -1,0 +1,72 @@
+"""The TensorFlow and Keras releases mdtrain is tested with, read without importing them.
+
+CI runs the fast tests and every notebook on each end of this range
+(`.ci/matrix`): what Kaggle and Colab ship, and the newest releases.
+`pyproject.toml`'s `cpu` and `gpu` extras state the same range.
+"""
+
+from __future__ import annotations
+
+from importlib import metadata
+
+#: Oldest and newest minor releases tested, inclusive.
+TESTED = {"keras": ((3, 13), (3, 15)), "tensorflow": ((2, 20), (2, 21))}
+
+# TensorFlow installs under several distribution names; the first one found counts.
+_DISTRIBUTIONS = {"keras": ("keras",), "tensorflow": ("tensorflow", "tensorflow-cpu")}
+
+
+def _installed(name: str) -> str | None:
+    for distribution in _DISTRIBUTIONS[name]:
+        try:
+            return metadata.version(distribution)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def _minor(version: str) -> tuple[int, int]:
+    major, minor = version.split(".")[:2]
+    return int(major), int("".join(c for c in minor if c.isdigit()) or 0)
+
+
+def _text(version: tuple[int, int]) -> str:
+    return ".".join(map(str, version))
+
+
+def untested_versions() -> list[str]:
+    """Descriptions of the installed TensorFlow and Keras releases outside `TESTED`.
+
+    Returns:
+        One string per library outside the range (e.g. `"Keras 3.12.0
+        (tested: 3.13 to 3.15)"`); empty when both are inside it, or when one
+        is not installed.
+    """
+    untested = []
+    for name, (oldest, newest) in TESTED.items():
+        version = _installed(name)
+        if version and not oldest <= _minor(version) <= newest:
+            label = "Keras" if name == "keras" else "TensorFlow"
+            untested.append(f"{label} {version} (tested: {_text(oldest)} to {_text(newest)})")
+    return untested
+
+
+def check_versions() -> bool:
+    """Prints one line when this environment's TensorFlow or Keras is outside the tested range.
+
+    Every notebook's setup cell calls it. mdtrain usually works outside the
+    range; the line says where it has not been checked.
+
+    Returns:
+        True when both are inside the range (nothing printed).
+
+    Example:
+
+    >>> import mdtrain
+    >>> mdtrain.check_versions()  # doctest: +SKIP
+    True
+    """
+    untested = untested_versions()
+    if untested:
+        print(f"Note: mdtrain is not tested with {' and '.join(untested)}.")
+    return not untested
