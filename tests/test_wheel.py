@@ -54,7 +54,7 @@ def _first_code_cell(path: Path) -> str:
 def test_every_notebook_has_the_same_setup_cell():
     cells = {path.name: _first_code_cell(path) for path in NOTEBOOKS}
     canonical = cells[NOTEBOOKS[0].name]
-    assert canonical.startswith("# Setup: ") and 'MDTRAIN_SOURCE = ""' in canonical
+    assert canonical.startswith("# @title Setup: ") and 'MDTRAIN_SOURCE = ""' in canonical
     differ = sorted(name for name, cell in cells.items() if cell != canonical)
     assert not differ, f"copy the first code cell of {NOTEBOOKS[0].name} into {differ}"
 
