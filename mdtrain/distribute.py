@@ -84,14 +84,22 @@ def _cpu_runtime(replicas: int) -> None:
         pass  # TensorFlow has started: its pools stay as they are
 
 
-def configure_devices(strategy: str = "auto") -> None:
+def configure_devices(strategy: str = "auto", cpu_replicas: int = 2) -> None:
     """Prepares devices for `strategy`: GPU memory growth, virtual CPU replicas.
 
     Must run before TensorFlow touches a device. Calling it again with the
-    same strategy is harmless.
+    same strategy is harmless. Process-wide settings it makes, as asked: GPU
+    memory growth; on CPU replicas, the pooling CPU allocator
+    (`TF_CPU_ALLOCATOR_USE_BFC`, unless already set) and one share of the
+    cores per replica for intra-op threads (unless already set). TensorFlow
+    cannot undo them in a running process.
 
     Args:
         strategy: strategy name (see module doc). Defaults to `"auto"`.
+        cpu_replicas: virtual CPU replicas for `"auto"` on a machine with
+            neither GPU nor TPU; with either, it is not used, so a notebook
+            that asks for `"auto"` uses the accelerators it finds.
+            Defaults to 2.
 
     Raises:
         UsageError: for an unknown name, or virtual CPUs asked for too late.
@@ -108,7 +116,7 @@ def configure_devices(strategy: str = "auto") -> None:
     if m:
         _virtual_cpus(replicas)
     elif strategy == "auto" and not gpus and not _tpu_available():
-        replicas = 2
+        replicas = cpu_replicas
         _virtual_cpus(replicas)
     if m or (not gpus and strategy != "tpu"):
         _cpu_runtime(replicas * _processes_on_this_host())
