@@ -38,9 +38,9 @@ from __future__ import annotations
 
 import importlib
 
-from mdtrain.versions import check_versions
+from mdtrain.versions import check_versions as check_versions  # re-exported
 
-__version__ = "0.2.0"
+__version__ = "0.1.0"
 
 # Public name -> the module that defines it, imported on first use (PEP 562), so
 # that `import mdtrain` and `mdtrain --version` load no TensorFlow.

@@ -36,37 +36,19 @@ import os
 import re
 import shutil
 import tempfile
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import keras
 import numpy as np
 
 from mdtrain.errors import UsageError
-from mdtrain.plan import Position
+from mdtrain.plan import ResumePoint
 
 NET_FILE, STATE_FILE, MANIFEST_FILE = "net.weights.h5", "state.npz", "MANIFEST.json"
 _CKPT = re.compile(r"^ckpt-(\d{5})-(\d{6})$")
 _TMP_PREFIX = "mdtrain-tmp-"
 _TMP = re.compile(f"^{_TMP_PREFIX}")
 _KEEP = 2
-
-
-@dataclass
-class ResumePoint:
-    """Where a run continues: epoch (0-based, next to run) and steps already done in it."""
-
-    epoch: int = 0
-    step: int = 0
-    phase: int = 0
-    path: Path | None = None
-    fingerprint: dict = field(default_factory=dict)
-    history: list[dict[str, float]] = field(default_factory=list)  # epochs done, one row each
-
-    @property
-    def position(self) -> Position:
-        """The position as `mdtrain.plan` sees it."""
-        return Position(self.epoch, self.step, self.phase, restorable=self.path is not None)
 
 
 def _sha256(path: Path) -> str:

@@ -4,38 +4,53 @@ Each use says why no public API does the job and cites the upstream issue.
 `check()` runs at import and raises `ImportError` naming what moved, so a
 Keras or TensorFlow release that renames one of these fails loudly at the
 first `import mdtrain.loop`, instead of training quietly with other numerics.
-`TESTED_KERAS` is the range mdtrain is tested with (pyproject states it too).
+The range mdtrain is tested with is `mdtrain.versions.TESTED`.
+
+Importing this module changes nothing. What mdtrain changes in TensorFlow
+for a training run (`run_settings`) it changes inside `train` only and
+restores when `train` returns.
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import keras
 import tensorflow as tf
 from tensorflow.python.data.ops import multi_device_iterator_ops
+from tensorflow.python.framework import config as tf_config
 
-TESTED_KERAS = ((3, 15), (3, 15))  # oldest and newest minor releases tested (pyproject's extras)
+from mdtrain.versions import TESTED
 
 _NEEDED = (
     (keras.Model, "_maybe_symbolic_build"),
     (keras.Model, "_symbolic_build"),
+    (keras.Model, "make_train_function"),
     (tf.distribute.MirroredStrategy, "_collective_key_base"),
     (multi_device_iterator_ops, "_create_device_dataset"),
+    (tf_config, "is_op_determinism_enabled"),
+    (tf_config, "disable_op_determinism"),
 )
 
 
 def check() -> None:
     """Raises `ImportError` if a private name mdtrain relies on is gone."""
-    missing = [f"{owner.__name__}.{name}" for owner, name in _NEEDED if not hasattr(owner, name)]
+    missing = [f"{getattr(owner, '__name__', owner)}.{name}" for owner, name in _NEEDED
+               if not hasattr(owner, name)]  # fmt: skip
     if missing:
+        oldest, newest = (".".join(map(str, v)) for v in TESTED["keras"])
         raise ImportError(
             f"mdtrain relies on {', '.join(missing)}, which Keras {keras.__version__} / "
             f"TensorFlow {tf.__version__} no longer has; mdtrain is tested with Keras "
-            f"{'.'.join(map(str, TESTED_KERAS[0]))} to {'.'.join(map(str, TESTED_KERAS[1]))}"
+            f"{oldest} to {newest}"
         )
 
 
-class BuildWithoutSampleBatch:
-    """Mixin for a `keras.Model` wrapper: build before `fit`/`evaluate` without a data sample.
+class ExactFitHooks:
+    """Mixin for `mdtrain.loop.ExactTrainer`: the two places where Keras' `fit` is changed.
+
+    1. Build before `fit`/`evaluate` without a data sample.
 
     Keras 3's `fit` and `evaluate` build the model from a sample of the first
     batch, reduced across replicas with AddN, which fails when that batch
@@ -44,6 +59,15 @@ class BuildWithoutSampleBatch:
     wrapped network knows its input shape needs no sample: build it from that
     shape, then let Keras create only the optimizer's and metrics' variables
     (`_symbolic_build` with no data does just that).
+
+    2. `fit` runs each step through the trainer's own compiled step
+    (`train_one_step`). Keras' train function runs each step inside a
+    `tf.while_loop` over `get_next_as_optional`, a graph that rounds some sums
+    differently from a plain step; with the same step, `fit` and
+    `mdtrain.custom_fit` end with the same weights bit for bit, and so does a
+    multi-worker run, which must use the custom loop (keras-team/keras#20585).
+    `make_train_function` is public, but not documented as a hook: it is
+    checked at import with the private names.
     """
 
     def _maybe_symbolic_build(self, iterator=None, data_batch=None):
@@ -53,6 +77,17 @@ class BuildWithoutSampleBatch:
             if not self.built:
                 return super()._maybe_symbolic_build(iterator, data_batch)
             self._symbolic_build()
+
+    def make_train_function(self, force=False):
+        if self.train_function is not None and not force:
+            return self.train_function
+
+        def train_function(iterator):
+            self.train_one_step(iterator)  # StopIteration at the end ends the epoch
+            return self.get_metrics_result()
+
+        self.train_function = train_function
+        return train_function
 
 
 def fresh_collective_keys() -> None:
@@ -89,23 +124,59 @@ def without_autotuning(ds: tf.data.Dataset) -> tf.data.Dataset:
     return ds.with_options(options)
 
 
-def _per_device_datasets_without_autotuning() -> None:
+@contextlib.contextmanager
+def _per_device_datasets_without_autotuning() -> Iterator[None]:
     """Applies `without_autotuning` to the datasets `MirroredStrategy` makes per device.
 
     `MultiDeviceIterator` builds one small dataset per device (a generator and
     a one-element prefetch, nothing to tune) whose options do not come from
     the user's dataset, so an input pipeline's own options cannot reach them.
+    Replaced for the block only: the user's own pipelines outside `train`
+    keep TensorFlow's behaviour.
     """
     make = multi_device_iterator_ops._create_device_dataset
-    if getattr(make, "mdtrain_without_autotuning", False):
-        return
 
     def create_device_dataset(*args, **kwargs):
         return without_autotuning(make(*args, **kwargs))
 
-    create_device_dataset.mdtrain_without_autotuning = True
     multi_device_iterator_ops._create_device_dataset = create_device_dataset
+    try:
+        yield
+    finally:
+        multi_device_iterator_ops._create_device_dataset = make
+
+
+@contextlib.contextmanager
+def _op_determinism(enabled: bool) -> Iterator[None]:
+    """Op determinism on for the block when `enabled`, then back as it was.
+
+    TensorFlow exports only `enable_op_determinism`; its `config` module has
+    the reading and the undoing.
+    """
+    before = tf_config.is_op_determinism_enabled()
+    if enabled:
+        tf_config.enable_op_determinism()
+    try:
+        yield
+    finally:
+        if enabled and not before:
+            tf_config.disable_op_determinism()
+
+
+@contextlib.contextmanager
+def run_settings(deterministic: bool = False) -> Iterator[None]:
+    """What one `mdtrain.train` run changes in TensorFlow, undone when it ends.
+
+    Per-device datasets without tf.data autotuning (no stall when the run's
+    iterators are deleted), and op determinism when asked for. Keras' global
+    dtype policy is restored by the run itself; the random seeds it sets
+    (`keras.utils.set_random_seed`) stay set, as after any seeded call.
+
+    Args:
+        deterministic: turn TensorFlow's op determinism on. Defaults to False.
+    """
+    with _per_device_datasets_without_autotuning(), _op_determinism(deterministic):
+        yield
 
 
 check()
-_per_device_datasets_without_autotuning()

@@ -28,7 +28,7 @@ import keras
 import tensorflow as tf
 
 from mdtrain.augment import apply_packed
-from mdtrain.compat import BuildWithoutSampleBatch
+from mdtrain.compat import ExactFitHooks
 from mdtrain.norm import example_weights
 
 
@@ -136,7 +136,7 @@ class StepStats:
     input_wait_s: float
 
 
-class ExactTrainer(BuildWithoutSampleBatch, keras.Model):
+class ExactTrainer(ExactFitHooks, keras.Model):
     """Wraps a classifier with train and test steps that are exact under a strategy.
 
     `fit` and `custom_fit` run every training step through the same compiled
@@ -220,10 +220,13 @@ class ExactTrainer(BuildWithoutSampleBatch, keras.Model):
         return {m.name: m.result() for m in self.metrics}
 
     def train_step(self, data):
-        """One replica's step; returns the global example count of the step."""
+        """One replica's training step (Keras' hook); returns the metrics' results as logs."""
+        return self._counted_train_step(data)[1]
+
+    def _counted_train_step(self, data):
+        """`train_step` that also returns the step's global example count, for `last_step`."""
         global_count, outputs = self._descend(data)
-        self._update_metrics(*outputs)
-        return global_count
+        return global_count, self._update_metrics(*outputs)
 
     def train_step_sums(self, data):
         """One replica's step that returns its metric sums instead of updating the metrics.
@@ -289,28 +292,14 @@ class ExactTrainer(BuildWithoutSampleBatch, keras.Model):
         if key not in self._steps:
             build_optimizer(self)
             self._steps[key] = compiled_step(
-                self.distribute_strategy, self.train_step, iterator.element_spec
+                self.distribute_strategy, self._counted_train_step, iterator.element_spec
             )
         start = time.perf_counter()
         batch = next(iterator)
         waited = time.perf_counter() - start
-        self.last_step = StepStats(int(self._steps[key](batch)), waited)
+        global_count, _ = self._steps[key](batch)
+        self.last_step = StepStats(int(global_count), waited)
         return self.last_step
-
-    def make_train_function(self, force=False):
-        # Keras 3's own train function runs each step inside a tf.while_loop over
-        # `get_next_as_optional`; that graph rounds some sums differently from a
-        # plain step. Running `compiled_step` instead makes `fit`, `custom_fit`
-        # and a multi-worker run (which must use `custom_fit`) agree bit for bit.
-        if self.train_function is not None and not force:
-            return self.train_function
-
-        def train_function(iterator):
-            self.train_one_step(iterator)  # StopIteration at the end ends the epoch
-            return self.get_metrics_result()
-
-        self.train_function = train_function
-        return train_function
 
     def test_step(self, data):
         # Evaluation never augments: transforms drawn for training are left unused.

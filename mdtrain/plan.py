@@ -12,22 +12,38 @@ is tested here on plain numbers, without TensorFlow.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 
 FINE_TUNE_LR_FACTOR = 0.1  # fine-tuning steps are a tenth of the training steps
 
 
-@dataclass(frozen=True)
-class Position:
-    """Where a run continues: the next epoch, steps already done in it, and their phase.
+@dataclass
+class ResumePoint:
+    """Where a run continues: the next epoch (0-based), steps already done in it, their phase.
 
-    `restorable` is True when a backup holds the state at this position.
+    `mdtrain.backup` reads one from the newest backup; `plan_run` plans from it.
+
+    Attributes:
+        epoch: the epoch to run next. Defaults to 0.
+        step: steps of that epoch already done. Defaults to 0.
+        phase: 0 for training, 1 for fine-tuning. Defaults to 0.
+        path: the backup holding the state here; None at a fresh start.
+        fingerprint: the settings the backup was made under.
+        history: one row of metrics per epoch done.
     """
 
     epoch: int = 0
     step: int = 0
     phase: int = 0
-    restorable: bool = False
+    path: Path | None = None
+    fingerprint: dict = field(default_factory=dict)
+    history: list[dict[str, float]] = field(default_factory=list)
+
+    @property
+    def restorable(self) -> bool:
+        """Whether a backup holds the state at this point."""
+        return self.path is not None
 
 
 @dataclass(frozen=True)
@@ -81,7 +97,7 @@ def plan_run(
     fine_tune_epochs: int,
     learning_rate: float,
     steps_per_epoch: int,
-    resume: Position = Position(),
+    resume: ResumePoint | None = None,
 ) -> list[Segment]:
     """The segments of a run, from the resume position to the end.
 
@@ -97,9 +113,10 @@ def plan_run(
 
     Example:
 
-    >>> [s.first_epoch for s in plan_run(3, 2, 1e-3, 10, Position(epoch=1, step=4))]
+    >>> [s.first_epoch for s in plan_run(3, 2, 1e-3, 10, ResumePoint(epoch=1, step=4))]
     [1, 2, 3]
     """
+    resume = resume or ResumePoint()
     segments: list[Segment] = []
     for phase, (first, last, lr) in enumerate(_phases(epochs, fine_tune_epochs, learning_rate)):
         if last <= resume.epoch:

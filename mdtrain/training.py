@@ -62,6 +62,13 @@ def train(config: TrainConfig, callbacks: list | None = None) -> TrainResult:
     Prints the batch geometry first, a line (or a live dashboard) per epoch,
     and writes `model.keras`, `history.json` and `report.json` to
     `config.output` when set (only the chief does, under multi-worker).
+    `model.keras` holds Keras' own layers only: it loads with
+    `keras.models.load_model`, without mdtrain.
+
+    What the run changes in TensorFlow is undone when it returns
+    (`mdtrain.compat.run_settings`), except what TensorFlow cannot undo in a
+    running process: the devices `configure_devices` set up, and the random
+    seeds.
 
     Args:
         config: the run's `TrainConfig`.
@@ -80,8 +87,11 @@ def train(config: TrainConfig, callbacks: list | None = None) -> TrainResult:
     >>> result.history[-1]["val_accuracy"]
     """
     config.validate()
-    run = _Run(config)
-    result = run.execute(callbacks or [])
+    from mdtrain.compat import run_settings
+
+    with run_settings(config.deterministic):
+        run = _Run(config)
+        result = run.execute(callbacks or [])
     if config.output:
         _write_outputs(result, run.chief)
     if config.backup_dir and run.chief:  # finished: the outputs now hold the result
@@ -194,14 +204,11 @@ class _Run:
 
         configure_devices(config.strategy)
         import keras
-        import tensorflow as tf
 
         from mdtrain.distribute import BatchGeometry, is_chief, strategy_for_run, task_id
 
         self.strategy = strategy_for_run(config.strategy)  # first: multi-worker setup
-        keras.utils.set_random_seed(config.seed)
-        if config.deterministic:
-            tf.config.experimental.enable_op_determinism()
+        keras.utils.set_random_seed(config.seed)  # op determinism: `train`'s run_settings
         self.chief = is_chief(self.strategy)
         self.config = config if self.chief else dataclasses.replace(config, verbose=0)
         self.augment_in = config.augment_place
@@ -302,7 +309,7 @@ class _Run:
         )
         point = self._resume_point()
         segments = plan_run(config.epochs, config.fine_tune_epochs, config.learning_rate,
-                            self.inputs.steps_per_epoch, point.position)  # fmt: skip
+                            self.inputs.steps_per_epoch, point)  # fmt: skip
         if not segments and point.path is not None:
             self._restore_finished(point)
         history = list(point.history)  # the epochs before the backup, as that run saw them
@@ -420,6 +427,26 @@ def _write_outputs(result: TrainResult, chief: bool) -> None:
 
 
 def _save(result: TrainResult, out: Path) -> None:
-    result.model.save(out / "model.keras")
+    portable_model(result.model).save(out / "model.keras")
     (out / "history.json").write_text(json.dumps(result.history, indent=1))
     (out / "report.json").write_text(json.dumps(result.summary(), indent=1))
+
+
+def portable_model(net):
+    """`net` with Keras' own `BatchNormalization` in place of mdtrain's exact layer.
+
+    At inference the two compute the same thing (the moving statistics), so
+    the saved `model.keras` predicts what `net` predicts and loads with plain
+    `keras.models.load_model` in a process that never imports mdtrain.
+
+    Args:
+        net: a trained classifier (`TrainResult.model`).
+
+    Returns:
+        A copy of `net` with the same weights.
+    """
+    import keras
+
+    from mdtrain.norm import swap_batch_norm
+
+    return swap_batch_norm(net, keras.layers.BatchNormalization)

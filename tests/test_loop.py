@@ -98,17 +98,27 @@ def test_backups_find_the_dropout_random_state():
     assert len(state) == 1 and "seed" in state[0].path
 
 
-def test_mirrored_strategys_per_device_datasets_run_without_the_autotuning_model():
-    """The datasets `MultiDeviceIterator` makes per replica get mdtrain's workaround too.
+def test_per_device_datasets_lose_the_autotuning_model_only_inside_a_run():
+    """The datasets `MultiDeviceIterator` makes per replica get mdtrain's workaround in `train`.
 
-    Their options cannot come from the input pipeline, so `mdtrain.compat` patches
-    where TensorFlow makes them; this reads them back through TensorFlow internals and
-    fails if those move.
+    Their options cannot come from the input pipeline, so `mdtrain.compat.run_settings`
+    patches where TensorFlow makes them, for the run only: a user's own MirroredStrategy
+    pipeline outside `train` keeps TensorFlow's behaviour. This reads the options back
+    through TensorFlow internals and fails if those move.
     """
-    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
-    iterator = iter(strategy.experimental_distribute_dataset(tf.data.Dataset.range(8).batch(4)))
-    first = strategy.experimental_local_results(next(iterator))
-    assert [t.numpy().tolist() for t in first] == [[0, 1], [2, 3]]
-    per_device = iterator._iterators[0]._iterator._device_iterators
-    assert len(per_device) == 2
-    assert all(d._dataset.options().autotune.enabled is False for d in per_device)
+    from mdtrain.compat import run_settings
+
+    def per_device_autotuning() -> list[bool]:
+        strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+        dataset = tf.data.Dataset.range(8).batch(4)
+        iterator = iter(strategy.experimental_distribute_dataset(dataset))
+        first = strategy.experimental_local_results(next(iterator))
+        assert [t.numpy().tolist() for t in first] == [[0, 1], [2, 3]]
+        per_device = iterator._iterators[0]._iterator._device_iterators
+        assert len(per_device) == 2
+        return [d._dataset.options().autotune.enabled is not False for d in per_device]
+
+    assert per_device_autotuning() == [True, True]  # TensorFlow's default, untouched
+    with run_settings():
+        assert per_device_autotuning() == [False, False]
+    assert per_device_autotuning() == [True, True]  # put back

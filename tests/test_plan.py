@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from mdtrain.plan import Position, plan_run
+from mdtrain.plan import ResumePoint, plan_run
+
+BACKUP = Path("ckpt-00001-000004")
 
 
 def _shape(segments):
@@ -27,7 +31,7 @@ def test_fine_tuning_is_a_second_phase_at_a_tenth_of_the_rate():
 
 
 def test_mid_epoch_resume_in_the_first_phase():
-    segments = plan_run(3, 2, 1e-3, 10, Position(epoch=1, step=4, phase=0, restorable=True))
+    segments = plan_run(3, 2, 1e-3, 10, ResumePoint(epoch=1, step=4, phase=0, path=BACKUP))
     assert _shape(segments) == [(0, 1, 2, 4), (0, 2, 3, 0), (1, 3, 5, 0)]
     rest, whole, tune = segments
     assert rest.steps(10) == 6 and whole.steps(10) == 10
@@ -38,28 +42,28 @@ def test_mid_epoch_resume_in_the_first_phase():
 
 
 def test_mid_epoch_resume_in_the_fine_tuning_phase():
-    segments = plan_run(3, 2, 1e-3, 10, Position(epoch=4, step=7, phase=1, restorable=True))
+    segments = plan_run(3, 2, 1e-3, 10, ResumePoint(epoch=4, step=7, phase=1, path=BACKUP))
     assert _shape(segments) == [(1, 4, 5, 7)]
     assert segments[0].restore and segments[0].restore_optimizer and segments[0].fine_tune
 
 
 def test_resume_at_the_phase_boundary_starts_a_fresh_optimizer():
     """A backup that ended training: fine-tuning loads its weights, not its optimizer."""
-    (tune,) = plan_run(3, 2, 1e-3, 10, Position(epoch=3, step=0, phase=0, restorable=True))
+    (tune,) = plan_run(3, 2, 1e-3, 10, ResumePoint(epoch=3, step=0, phase=0, path=BACKUP))
     assert _shape([tune]) == [(1, 3, 5, 0)]
     assert tune.restore and not tune.restore_optimizer and tune.starts_phase
 
 
 def test_resume_at_an_epoch_start():
-    (segment,) = plan_run(4, 0, 1e-3, 10, Position(epoch=2, step=0, phase=0, restorable=True))
+    (segment,) = plan_run(4, 0, 1e-3, 10, ResumePoint(epoch=2, step=0, phase=0, path=BACKUP))
     assert _shape([segment]) == [(0, 2, 4, 0)]
     assert segment.restore and segment.restore_optimizer
 
 
 def test_resume_in_the_last_epoch_leaves_one_segment():
-    (rest,) = plan_run(2, 0, 1e-3, 10, Position(epoch=1, step=9, phase=0, restorable=True))
+    (rest,) = plan_run(2, 0, 1e-3, 10, ResumePoint(epoch=1, step=9, phase=0, path=BACKUP))
     assert _shape([rest]) == [(0, 1, 2, 9)] and rest.steps(10) == 1
 
 
 def test_a_finished_run_has_nothing_left():
-    assert plan_run(2, 1, 1e-3, 10, Position(epoch=3, restorable=True)) == []
+    assert plan_run(2, 1, 1e-3, 10, ResumePoint(epoch=3, path=BACKUP)) == []
