@@ -95,9 +95,14 @@ def check_dropout(dropout: float) -> float:
     return dropout
 
 
+def smallest_image_size(model: str) -> int:
+    """The smallest image side `model` takes (small-cnn: four 2x2 poolings)."""
+    return 16 if model == "small-cnn" else 32
+
+
 def check_image_size(model: str, image_size: int) -> int:
     """Returns `image_size` if `model` can take images of that side, else raises `UsageError`."""
-    smallest = 16 if model == "small-cnn" else 32  # small-cnn: four 2x2 poolings
+    smallest = smallest_image_size(model)
     check(image_size >= smallest, "image_size", image_size,
           f"{model} needs at least {smallest} pixels")  # fmt: skip
     return image_size

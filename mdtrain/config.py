@@ -86,80 +86,48 @@ class TrainConfig:
 
         c.check_strategy_name(self.strategy)
         c.check_model_name(self.model)
-        c.check_dropout(self.dropout)
         c.check_batch_sizes(self.batch_size_per_replica, self.global_batch_size)
-        if self.image_size is not None:
-            c.check_image_size(self.model, self.image_size)
-        for argument, options in (
-            ("loop", c.LOOPS),
-            ("augment_in", c.AUGMENT_IN),
-            ("class_weight", c.CLASS_WEIGHTS),
-            ("cache", c.CACHE_MODES),
-            ("monitor", c.MONITOR_DISPLAYS),
-        ):
-            value = getattr(self, argument)
-            c.check(value in options, argument, value, f"choose one of {', '.join(options)}")
-        c.check(self.epochs >= 1, "epochs", self.epochs, "must be at least 1")
-        c.check(self.fine_tune_epochs >= 0, "fine_tune_epochs", self.fine_tune_epochs,
-                "must be at least 0")  # fmt: skip
-        c.check(self.learning_rate > 0, "learning_rate", self.learning_rate, "must be positive")
-        c.check(
-            0 <= self.validation_split < 1,
-            "validation_split",
-            self.validation_split,
-            "must be in [0, 1) (0 means no validation)",
-        )
-        c.check(
-            self.backup_every_steps is None or self.backup_every_steps >= 1,
-            "backup_every_steps",
-            self.backup_every_steps,
-            "must be at least 1",
-        )
-        c.check(
-            self.backup_every_steps is None or bool(self.backup_dir),
-            "backup_every_steps",
-            self.backup_every_steps,
-            "needs a backup folder (--backup-dir)",
-        )
-        c.check(
-            self.augment or self.augment_in == "auto",
-            "augment_in",
-            self.augment_in,
-            "has nothing to place: --no-augment turns augmentation off",
-        )
-        c.check_seed(self.seed)
-        self._validate_weights()
+        for argument, holds, problem in self._rules():
+            c.check(holds, argument, getattr(self, argument), problem)
         self._validate_folders()
 
-    def _validate_weights(self) -> None:
+    def _rules(self) -> list[tuple[str, bool, str]]:
+        """Every other check, one row each: (argument, whether it holds, what is wrong)."""
         from mdtrain import choices as c
 
-        c.check(
-            self.fine_tune_epochs == 0 or self.model != "small-cnn",
-            "fine_tune_epochs",
-            self.fine_tune_epochs,
-            "needs a pretrained base: use an EfficientNet model",
-        )
-        c.check(
-            self.fine_tune_epochs == 0 or self.weights != "none",
-            "fine_tune_epochs",
-            self.fine_tune_epochs,
-            "needs a pretrained base: pass --weights imagenet or a weights file",
-        )
-        c.check(
-            self.weights in ("imagenet", "none") or os.path.isfile(self.weights),
-            "weights",
-            self.weights,
-            "no such file; pass imagenet, none, or a weights file",
-        )
-        # EfficientNetV2 trains its head on a frozen base: a random base cannot learn.
-        c.check(
-            self.weights != "none" or self.model not in c.EFFICIENTNETS,
-            "model",
-            self.model,
-            "trains only its head on a frozen base, so it needs --weights imagenet or a "
-            "…_notop.h5 file; to train an EfficientNet from scratch use efficientnet-lite0",
-        )
+        options = {"loop": c.LOOPS, "augment_in": c.AUGMENT_IN, "class_weight": c.CLASS_WEIGHTS,
+                   "cache": c.CACHE_MODES, "monitor": c.MONITOR_DISPLAYS}  # fmt: skip
+        smallest = c.smallest_image_size(self.model)
+        pretrained = "needs a pretrained base: "
+        return [
+            *((name, getattr(self, name) in values, f"choose one of {', '.join(values)}")
+              for name, values in options.items()),  # fmt: skip
+            ("image_size", self.image_size is None or self.image_size >= smallest,
+             f"{self.model} needs at least {smallest} pixels"),
+            ("dropout", 0 <= self.dropout < 1, "must be in [0, 1)"),
+            ("epochs", self.epochs >= 1, "must be at least 1"),
+            ("fine_tune_epochs", self.fine_tune_epochs >= 0, "must be at least 0"),
+            ("learning_rate", self.learning_rate > 0, "must be positive"),
+            ("validation_split", 0 <= self.validation_split < 1,
+             "must be in [0, 1) (0 means no validation)"),
+            ("seed", 0 <= self.seed < 2**32, "must be in [0, 2**32)"),
+            ("backup_every_steps", self.backup_every_steps is None or self.backup_every_steps >= 1,
+             "must be at least 1"),
+            ("backup_every_steps", self.backup_every_steps is None or bool(self.backup_dir),
+             "needs a backup folder (--backup-dir)"),
+            ("augment_in", self.augment or self.augment_in == "auto",
+             "has nothing to place: --no-augment turns augmentation off"),
+            ("fine_tune_epochs", self.fine_tune_epochs == 0 or self.model != "small-cnn",
+             pretrained + "use an EfficientNet model"),
+            ("fine_tune_epochs", self.fine_tune_epochs == 0 or self.weights != "none",
+             pretrained + "pass --weights imagenet or a weights file"),
+            ("weights", self.weights in ("imagenet", "none") or os.path.isfile(self.weights),
+             "no such file; pass imagenet, none, or a weights file"),
+            # EfficientNetV2 trains its head on a frozen base: a random base cannot learn.
+            ("model", self.weights != "none" or self.model not in c.EFFICIENTNETS,
+             "trains only its head on a frozen base, so it needs --weights imagenet or a "
+             "…_notop.h5 file; to train an EfficientNet from scratch use efficientnet-lite0"),
+        ]  # fmt: skip
 
     def _validate_folders(self) -> None:
         from mdtrain import choices as c
