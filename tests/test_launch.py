@@ -15,8 +15,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from mdtrain import launch as launch_mod
+import mdtrain.launcher as launch_mod
 from mdtrain.errors import UsageError
+from mdtrain.gpus import visible_gpus
 from mdtrain.launcher import free_ports, kill_worker_when, launch, run_workers, tf_config
 
 FAKE = [sys.executable, str(Path(__file__).parent / "fixtures" / "fake_worker.py")]
@@ -410,6 +411,7 @@ ROLE_TASK = [
     role, index = config["task"]["type"], config["task"]["index"]
     assert os.environ["MDTRAIN_ROLE"] == role
     print(f"{role}={index} cluster={json.dumps(config['cluster'], sort_keys=True)}", flush=True)
+    print(f"{role}={index} cuda={os.environ.get('CUDA_VISIBLE_DEVICES')!r}", flush=True)
     code = os.environ.get("ROLE_EXIT_" + f"{role}_{index}".upper())
     if code is not None:
         time.sleep(float(os.environ.get("ROLE_EXIT_DELAY", "0")))
@@ -464,6 +466,36 @@ def test_ps_job_outlives_a_worker_but_not_a_ps(tmp_path):
     code, out = _run_roles(tmp_path / "b", ROLE_EXIT_PS_0="3")
     assert code == 3 and time.monotonic() - start < 25, out
     assert "ps 0 exited with code 3: its variables are lost; stopping all" in out
+
+
+@pytest.mark.parametrize(
+    "visible, assignment, note",
+    [
+        ("", None, None),  # no GPU: every task keeps the launcher's environment
+        ("0", ["", ""], "2 workers but 1 GPU: the workers run on the CPU"),  # Colab
+        ("0,1", ["0", "1"], None),  # Kaggle's 2xT4: one each
+    ],
+)
+def test_ps_workers_gpus_on_0_1_and_2_gpus(visible, assignment, note):
+    gpus = visible_gpus({"CUDA_VISIBLE_DEVICES": visible})
+    assert launch_mod.ps_worker_gpus(gpus, 2) == (assignment, note)
+
+
+def test_ps_job_on_one_gpu_runs_its_workers_on_the_cpu_and_says_so(tmp_path):
+    code, out = _run_roles(tmp_path, ROLE_EXIT_CHIEF_0="0", ROLE_EXIT_DELAY="1",
+                           CUDA_VISIBLE_DEVICES="0")  # fmt: skip
+    assert code == 0, out
+    assert "[launch] 2 workers but 1 GPU: the workers run on the CPU" in out, out
+    for label in ("worker 0] worker=0", "worker 1] worker=1", "ps 0] ps=0", "chief] chief=0"):
+        assert f"[{label} cuda=''" in out, out  # nobody takes the GPU
+
+
+def test_ps_job_on_two_gpus_gives_each_worker_one(tmp_path):
+    code, out = _run_roles(tmp_path, ROLE_EXIT_CHIEF_0="0", ROLE_EXIT_DELAY="1",
+                           CUDA_VISIBLE_DEVICES="0,1")  # fmt: skip
+    assert code == 0 and "the workers run on the CPU" not in out, out
+    assert "[worker 0] worker=0 cuda='0'" in out and "[worker 1] worker=1 cuda='1'" in out, out
+    assert "[ps 0] ps=0 cuda=''" in out and "[chief] chief=0 cuda=''" in out, out
 
 
 def test_launch_ps_command_and_bad_input(monkeypatch):

@@ -13,6 +13,7 @@ import pytest
 
 from mdtrain import ps
 from mdtrain.errors import UsageError
+from mdtrain.launcher import kill_worker_when, launch
 from mdtrain.training import TrainConfig
 from tests.conftest import run_mdtrain
 
@@ -102,9 +103,19 @@ _EXACT_CURVE = """
 import json, sys
 import keras, numpy as np, tensorflow as tf
 from mdtrain.loop import ExactTrainer
-from mdtrain.ps import coordinator, in_process_cluster, train_steps
+from mdtrain.launcher import free_ports
+from mdtrain.ps import server_config, train_steps
 
-strategy, coord = coordinator(in_process_cluster(2, 1))
+# The in-process cluster of TensorFlow's parameter-server tutorial (and notebook 07).
+ports = iter(free_ports(3))
+spec = tf.train.ClusterSpec({"worker": [f"127.0.0.1:{next(ports)}" for _ in range(2)],
+                             "ps": [f"127.0.0.1:{next(ports)}"]})
+for job, count in (("worker", 2), ("ps", 1)):
+    for index in range(count):
+        tf.distribute.Server(spec, job, index, protocol="grpc", config=server_config())
+resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(spec, rpc_layer="grpc")
+strategy = tf.distribute.ParameterServerStrategy(resolver)
+coord = tf.distribute.coordinator.ClusterCoordinator(strategy)
 rng = np.random.default_rng(0)
 images = rng.random((16, 6, 6, 3), dtype=np.float32)
 labels = rng.integers(0, 3, 16).astype(np.int32)
@@ -116,8 +127,8 @@ with strategy.scope():
 batches = lambda: tf.data.Dataset.from_tensors((images, labels)).repeat()
 history = train_steps(strategy, coord, trainer, batches, 60, log_every=20)
 probabilities = net(images).numpy()
-print(json.dumps({"loss": history.loss, "accuracy": history.accuracy,
-                  "completed": history.completed,
+print(json.dumps({"loss": history["loss"], "accuracy": history["accuracy"],
+                  "completed": history["completed"], "examples": history["examples"],
                   "expected_loss": float(keras.losses.sparse_categorical_crossentropy(
                       labels, probabilities).numpy().mean()),
                   "expected_accuracy": float((probabilities.argmax(-1) == labels).mean())}))
@@ -139,7 +150,7 @@ def _exact_curve(learning_rate: float) -> dict:
 @pytest.mark.slow
 def test_loss_curve_is_each_steps_own_loss_with_two_workers_racing():
     result = _exact_curve(0.0)
-    assert result["completed"] == 60
+    assert result["completed"] == 60 and result["examples"] == 60 * 16
     assert result["loss"] == pytest.approx([result["expected_loss"]] * 3, rel=1e-6)
     assert result["accuracy"] == pytest.approx([result["expected_accuracy"]] * 3, abs=1e-9)
 
@@ -171,14 +182,18 @@ def _train_args(data, epochs: int, learning_rate: float = 0.01) -> list[str]:
 
 
 @pytest.mark.slow
-def test_training_goes_on_when_a_worker_is_killed(tiny_dataset):
-    out = io.StringIO()
+def test_training_goes_on_when_a_worker_is_killed(tiny_dataset, tmp_path):
+    out, mark = io.StringIO(), tmp_path / "mark"
     # Augmenting in the input pipeline here; the test below takes the default, the model.
-    args = [*_train_args(tiny_dataset, 6), "--augment-in", "pipeline"]
-    summary = ps.run_local(args, log_every=3, kill_worker=1, kill_after=6, stream=out)
+    args = [*_train_args(tiny_dataset, 6), "--augment-in", "pipeline", "--log-every", "3",
+            "--mark-after", "6", "--mark-file", str(mark), "--output", str(tmp_path / "run")]  # fmt: skip
+    kill_worker_when(mark, 1, timeout_s=300)
+    code = launch(2, args, num_ps=1, log_dir=tmp_path / "logs", stream=out)
     log = out.getvalue()
-    assert summary["exit_code"] == 0, log
+    assert code == 0, log
+    summary = json.loads((tmp_path / "run" / "report.json").read_text())
     assert summary["completed"] == summary["scheduled"] == 6 * 3  # 24 images / 8 per step
+    assert summary["examples"] == 6 * 24  # the last batch of an epoch is whole: 24 = 3 x 8
     assert "[launch] worker 1 exited with code -9; the chief reruns its steps" in log, log
     assert summary["events"] == ["step 6: drill mark written"]
     assert all(math.isfinite(x) for x in summary["loss"]) and len(summary["loss"]) == 6

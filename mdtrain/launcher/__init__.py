@@ -32,7 +32,7 @@ network namespace or container without outside access.
 
 from mdtrain.launcher.addresses import cluster_tf_config, free_ports, ps_cluster, tf_config
 from mdtrain.launcher.jobs import launch, launch_ps
-from mdtrain.launcher.parameter_servers import run_ps_cluster
+from mdtrain.launcher.parameter_servers import ps_worker_gpus, run_ps_cluster
 from mdtrain.launcher.processes import HANG_EXIT_CODE
 from mdtrain.launcher.workers import USAGE_EXIT_CODE, kill_worker_when, run_workers
 
@@ -45,6 +45,7 @@ __all__ = [
     "launch",
     "launch_ps",
     "ps_cluster",
+    "ps_worker_gpus",
     "run_ps_cluster",
     "run_workers",
     "tf_config",

@@ -57,7 +57,9 @@ def run_ps_cluster(
         env: environment for the tasks. Defaults to None: this process's.
         stream: where output goes. Defaults to None: `sys.stdout`.
         gpus_per_worker: GPUs of each worker, as in `run_workers`; the ps and
-            the chief get none. Defaults to None: the visible GPUs split evenly.
+            the chief get none. Defaults to None: the visible GPUs split
+            evenly, or, with fewer GPUs than workers, none: the workers run
+            on the CPU, and one line says so (`ps_worker_gpus`).
 
     Returns:
         The chief's exit status; a dead ps's (at least 1); 124 when stuck;
@@ -65,7 +67,7 @@ def run_ps_cluster(
 
     Raises:
         UsageError: for fewer than 1 worker or ps, `hang_timeout_s <= 0`, too
-            few GPUs, or a command that cannot start.
+            few GPUs for `gpus_per_worker`, or a command that cannot start.
 
     Example:
         >>> run_ps_cluster(["python", "chief.py"], ["python", "serve.py"], 2, 1)  # doctest: +SKIP
@@ -73,10 +75,12 @@ def run_ps_cluster(
     if num_workers < 1 or num_ps < 1:
         raise UsageError(f"--workers {num_workers} --ps {num_ps}: pass at least 1 of each")
     check_hang_timeout(hang_timeout_s)
-    gpus = assign_gpus(visible_gpus(env), num_workers, gpus_per_worker)
+    gpus, note = ps_worker_gpus(visible_gpus(env), num_workers, gpus_per_worker)
     job = Job(log_dir, stream)  # after the checks: a usage error leaves no log folder behind
     cluster = ps_cluster(num_workers, num_ps, host)
     job.say(f"{num_ps} ps, {num_workers} workers and a chief on {host}; logs in {job.log_dir}")
+    if note:
+        job.say(note)
     base_env = dict(os.environ if env is None else env)
 
     def start_and_watch() -> int:
@@ -91,6 +95,41 @@ def run_ps_cluster(
         return status
 
     return job.run(start_and_watch)
+
+
+def ps_worker_gpus(
+    gpus: list[str], num_workers: int, gpus_per_worker: int | None = None
+) -> tuple[list[str] | None, str | None]:
+    """Each parameter-server worker's `CUDA_VISIBLE_DEVICES`, and a line when it chose the CPU.
+
+    As `mdtrain.gpus.assign_gpus`, except with fewer GPUs than workers and
+    no `gpus_per_worker` given (2 workers on Colab's one GPU): there the
+    workers run on the CPU rather than stop. Asynchronous training needs
+    no worker to match another, but two processes that each take all of
+    one GPU's memory would fail, and a job that runs beats a refusal.
+
+    Args:
+        gpus: the visible GPUs (`mdtrain.gpus.visible_gpus`).
+        num_workers: workers, at least 1.
+        gpus_per_worker: GPUs of each worker. Defaults to None: an even split.
+
+    Returns:
+        `(assignment, note)`: `assign_gpus`'s list (None: the launcher's
+        environment, on a machine without GPUs), and the line to print when
+        the workers were put on the CPU, else None.
+
+    Raises:
+        UsageError: when `gpus_per_worker` asks for more GPUs than there are.
+
+    Example:
+        >>> ps_worker_gpus(["0"], 2)
+        (['', ''], '2 workers but 1 GPU: the workers run on the CPU')
+    """
+    if gpus_per_worker is None and 0 < len(gpus) < num_workers:
+        plural = "1 GPU" if len(gpus) == 1 else f"{len(gpus)} GPUs"
+        note = f"{num_workers} workers but {plural}: the workers run on the CPU"
+        return assign_gpus(gpus, num_workers, 0), note
+    return assign_gpus(gpus, num_workers, gpus_per_worker), None
 
 
 def _ps_roles(num_ps: int, num_workers: int) -> list[tuple[str, int]]:

@@ -11,40 +11,32 @@ whichever worker is free. Nobody waits for anybody: updates are
 workers have changed meanwhile (*stale* gradients), and the weights cannot
 equal those of one device.
 
-mdtrain runs the same exact step and input pipeline as every other strategy,
-in its own loop on the chief (`training`: Keras 3's `fit` cannot run here),
-and starts every server with enough threads to avoid a hang on small
-machines (`cluster`: the thread-pool trap).
+The chief is one configuration of `mdtrain train`: the same data, input
+pipeline, model, exact step and learning-rate schedule
+(`mdtrain.training`), in the coordinator's loop (`training`: Keras 3's `fit`
+cannot run here). Every server starts with enough threads to avoid a hang
+on small machines (`cluster`: the thread-pool trap). Notebook 07 writes the
+same training in plain TensorFlow.
 
 Security: the servers speak unauthenticated, unencrypted gRPC, exactly as
 under MultiWorkerMirroredStrategy; keep them on loopback or a trusted
 network (see `mdtrain.launcher`).
 
-Modules: `cluster` (the servers, an in-process cluster, the coordinator),
-`training` (the chief's loop and `train`), `processes` (`python -m
-mdtrain.ps serve|chief`, and `run_local`, a whole job as local processes).
+Modules: `cluster` (the servers), `training` (the chief's loop and
+`train`), `processes` (`python -m mdtrain.ps serve|chief`). `mdtrain launch
+--workers N --ps M` starts a whole job as local processes.
 """
 
 from __future__ import annotations
 
-from mdtrain.ps.cluster import (
-    MIN_INTER_OP_THREADS,
-    coordinator,
-    in_process_cluster,
-    serve,
-    server_config,
-)
-from mdtrain.ps.processes import main, run_local
-from mdtrain.ps.training import PSHistory, check_config, train, train_steps
+from mdtrain.ps.cluster import MIN_INTER_OP_THREADS, serve, server_config
+from mdtrain.ps.processes import main
+from mdtrain.ps.training import check_config, train, train_steps
 
 __all__ = [
     "MIN_INTER_OP_THREADS",
-    "PSHistory",
     "check_config",
-    "coordinator",
-    "in_process_cluster",
     "main",
-    "run_local",
     "serve",
     "server_config",
     "train",

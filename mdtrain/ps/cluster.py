@@ -1,4 +1,4 @@
-"""The servers of a parameter-server cluster, and the chief's handle on them.
+"""The servers of a parameter-server cluster: what every ps and worker task runs.
 
 The thread-pool trap, handled here: a worker runs each scheduled function
 on its inter-op thread pool, which by default has one thread per core, and
@@ -61,48 +61,3 @@ def serve(inter_op_threads: int | None = None) -> None:
     )
     print(f"{resolver.task_type} {resolver.task_id} serving at {server.target}", flush=True)
     server.join()
-
-
-def in_process_cluster(
-    num_workers: int = 2, num_ps: int = 1, inter_op_threads: int | None = None
-) -> tf.distribute.cluster_resolver.ClusterResolver:
-    """Starts `num_workers` workers and `num_ps` parameter servers inside this process.
-
-    The quickest cluster for a test or a probe: the servers are threads of
-    this process on 127.0.0.1 and live as long as it does (they cannot be
-    stopped or killed; use `mdtrain launch --ps` for separate processes).
-
-    Args:
-        num_workers: workers to start. Defaults to 2.
-        num_ps: parameter servers to start. Defaults to 1.
-        inter_op_threads: the servers' inter-op threads. Defaults to None:
-            `server_config()`'s.
-
-    Returns:
-        A cluster resolver for `tf.distribute.ParameterServerStrategy`.
-    """
-    from mdtrain.launcher import ps_cluster
-
-    cluster = ps_cluster(num_workers, num_ps)  # free loopback ports; its chief is this process
-    spec = tf.train.ClusterSpec({"worker": cluster["worker"], "ps": cluster["ps"]})
-    config = server_config()
-    if inter_op_threads is not None:
-        config.inter_op_parallelism_threads = inter_op_threads
-    for job, count in (("worker", num_workers), ("ps", num_ps)):
-        for index in range(count):
-            tf.distribute.Server(spec, job, index, protocol="grpc", config=config, start=True)
-    return tf.distribute.cluster_resolver.SimpleClusterResolver(spec, rpc_layer="grpc")
-
-
-def coordinator(resolver=None):
-    """`(strategy, coordinator)` for the cluster of `resolver`, or of `TF_CONFIG`.
-
-    Args:
-        resolver: a cluster resolver. Defaults to None: `TF_CONFIG`'s.
-
-    Returns:
-        A `ParameterServerStrategy` and its `ClusterCoordinator`.
-    """
-    resolver = resolver or tf.distribute.cluster_resolver.TFConfigClusterResolver()
-    strategy = tf.distribute.ParameterServerStrategy(resolver)
-    return strategy, tf.distribute.coordinator.ClusterCoordinator(strategy)

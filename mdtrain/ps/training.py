@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import keras
@@ -23,7 +22,6 @@ import tensorflow as tf
 
 from mdtrain.errors import UsageError
 from mdtrain.outputs import save_or_rescue
-from mdtrain.ps.cluster import coordinator
 from mdtrain.training import (
     AUGMENT_IN_STEP_NOTE,
     TrainConfig,
@@ -32,29 +30,6 @@ from mdtrain.training import (
     new_trainer,
     run_splits,
 )
-
-
-@dataclass
-class PSHistory:
-    """What an asynchronous run did, one entry per block of `log_every` steps."""
-
-    steps: list[int] = field(default_factory=list)  # steps done at the end of each block
-    loss: list[float] = field(default_factory=list)  # mean training loss of the block's steps
-    accuracy: list[float] = field(default_factory=list)  # and their training accuracy
-    seconds: list[float] = field(default_factory=list)  # since the first step was scheduled
-    learning_rate: list[float] = field(default_factory=list)  # the rate the block ran at
-    scheduled: int = 0
-    completed: int = 0
-    events: list[str] = field(default_factory=list)
-
-    def steps_per_sec(self) -> list[float]:
-        """Throughput of each block (steps / seconds)."""
-        edges = [0.0, *self.seconds]
-        starts = [0, *self.steps]
-        return [
-            (s - s0) / max(t - t0, 1e-9)
-            for s0, s, t0, t in zip(starts, self.steps, edges, self.seconds, strict=False)
-        ]
 
 
 def train_steps(
@@ -67,7 +42,7 @@ def train_steps(
     log_every: int = 10,
     on_block=None,
     learning_rate=None,
-) -> PSHistory:
+) -> dict:
     """Schedules `num_steps` asynchronous training steps and waits for them.
 
     Each step is `trainer.train_step_sums` on the next batch of the worker
@@ -95,7 +70,13 @@ def train_steps(
             Defaults to None.
 
     Returns:
-        The `PSHistory`.
+        The history: per point, `steps` (done by its end), `loss` and
+        `accuracy` (the mean of its steps), `seconds` (since the first step
+        was scheduled) and `learning_rate` (when set); in all, `scheduled`,
+        `completed`, `examples` (trained on) and `events`.
+
+    Raises:
+        ValueError: if `log_every` is below 1.
     """
     from mdtrain.loop import build_optimizer
 
@@ -108,26 +89,29 @@ def train_steps(
     def step(it):
         return strategy.run(trainer.train_step_sums, args=(next(it),))
 
-    history, start = PSHistory(), time.perf_counter()
-    while history.scheduled < num_steps:
-        block = min(log_every, num_steps - history.scheduled)
+    history = {k: [] for k in ("steps", "loss", "accuracy", "seconds", "learning_rate", "events")}
+    history.update(scheduled=0, completed=0, examples=0)
+    start = time.perf_counter()
+    while history["scheduled"] < num_steps:
+        block = min(log_every, num_steps - history["scheduled"])
         if learning_rate is not None:
             # Set from the coordinator's count of steps, not the optimizer's: under parameter
             # servers `iterations` undercounts, because Keras 3's `assign_add` reads and then
             # writes, and two workers' increments can interleave and one be lost (the optimizer
             # races under parameter servers: keras-team/keras#18668).
-            trainer.optimizer.learning_rate = learning_rate(history.completed)
-            history.learning_rate.append(float(trainer.optimizer.learning_rate))
+            trainer.optimizer.learning_rate = learning_rate(history["completed"])
+            history["learning_rate"].append(float(trainer.optimizer.learning_rate))
         remote = [coord.schedule(step, args=(iterator,)) for _ in range(block)]
-        history.scheduled += block
+        history["scheduled"] += block
         coord.join()  # raises if a step failed for a reason other than a lost worker
         # fetch() raises if this step failed; a lost worker's steps were rerun elsewhere.
         loss_sum, correct, examples = np.sum([r.fetch() for r in remote], axis=0)
-        history.completed += block
-        history.steps.append(history.completed)
-        history.loss.append(float(loss_sum / examples))
-        history.accuracy.append(float(correct / examples))
-        history.seconds.append(time.perf_counter() - start)
+        history["completed"] += block
+        history["examples"] += int(examples)  # (their class weights' sum, with --class-weight)
+        history["steps"].append(history["completed"])
+        history["loss"].append(float(loss_sum / examples))
+        history["accuracy"].append(float(correct / examples))
+        history["seconds"].append(time.perf_counter() - start)
         if on_block is not None:
             on_block(history)
     return history
@@ -178,17 +162,6 @@ def _dataset_fn(splits, batch_size: int, config: TrainConfig):
     return dataset_fn
 
 
-def _val_accuracy(net, val_ds) -> float | None:
-    if val_ds is None:
-        return None
-    right = total = 0
-    for images, labels in val_ds:  # on the chief; the weights are read from the ps
-        predicted = tf.argmax(net(images, training=False), axis=-1, output_type=tf.int32)
-        right += int(tf.reduce_sum(tf.cast(predicted == labels, tf.int32)))
-        total += int(labels.shape[0])
-    return right / max(total, 1)
-
-
 def train(
     config: TrainConfig,
     resolver=None,
@@ -199,7 +172,9 @@ def train(
 ) -> dict:
     """Trains `config`'s model with parameter-server training; runs on the chief.
 
-    What `mdtrain launch --workers N --ps M` runs in its chief. The run is
+    What `mdtrain launch --workers N --ps M` runs in its chief: the run's data,
+    input pipeline, model, trainer and learning-rate schedule are
+    `mdtrain.training`'s, and only the loop is the coordinator's. The run is
     `epochs × steps_per_epoch` steps of `global_batch_size` examples, shared
     by the workers as they come free.
 
@@ -212,26 +187,29 @@ def train(
         mark_file: the file to create. Defaults to None.
 
     Returns:
-        A JSON-able summary: `steps`, `loss`, `accuracy`, `seconds` (per
-        point), `steps_per_sec`, `scheduled`, `completed`, `val_accuracy`,
-        `num_workers`, `num_ps`, `global_batch_size`, `num_train`, `class_names`,
-        `augment_in`, and `learning_rate`, the rate of each block.
+        A JSON-able summary: `train_steps`' history plus `val_accuracy`,
+        `num_workers`, `num_ps`, `global_batch_size`, `num_train`,
+        `class_names` and `augment_in`.
 
     Raises:
         UsageError: for an option parameter-server training lacks, or bad data.
 
     Example:
 
-    >>> train(TrainConfig(epochs=2), in_process_cluster())  # doctest: +SKIP
+    >>> summary = train(TrainConfig(epochs=2))  # doctest: +SKIP
     """
+    from mdtrain.distribute import resolve_global_batch_size
+
     config.validate()
     check_config(config)
     resolver = resolver or tf.distribute.cluster_resolver.TFConfigClusterResolver()
-    strategy, coord = coordinator(resolver)
+    strategy = tf.distribute.ParameterServerStrategy(resolver)
+    coord = tf.distribute.coordinator.ClusterCoordinator(strategy)
     cluster = resolver.cluster_spec().as_dict()
     workers, servers = len(cluster.get("worker", [])), len(cluster.get("ps", []))
-    splits, batch = _splits_and_batch(config)
-    size = config.resolved_image_size
+    splits = run_splits(config)[1]
+    # One replica per worker, and a worker takes a whole step.
+    batch = resolve_global_batch_size(1, config.batch_size_per_replica, config.global_batch_size)
     num_steps = config.epochs * -(-len(splits.train) // batch)
     trainer = _compiled_trainer(config, strategy, splits)
     print(
@@ -242,26 +220,27 @@ def train(
     if config.augment_place == "model":
         print(AUGMENT_IN_STEP_NOTE, flush=True)
 
-    def on_block(history: PSHistory) -> None:
+    def on_block(history: dict) -> None:
         if config.verbose:
             _print_block(history, num_steps)
-        if mark_after is not None and history.steps[-1] >= mark_after and mark_file:
+        if mark_after is not None and history["steps"][-1] >= mark_after and mark_file:
             _mark_once(history, mark_file)
 
-    dataset_fn = _dataset_fn(splits, batch, config)
     schedule = cosine_schedule(config.learning_rate, num_steps)
     history = train_steps(
-        strategy, coord, trainer, dataset_fn, num_steps, log_every=log_every,
-        on_block=on_block, learning_rate=lambda completed: float(schedule(completed)),
+        strategy, coord, trainer, _dataset_fn(splits, batch, config), num_steps,
+        log_every=log_every, on_block=on_block,
+        learning_rate=lambda completed: float(schedule(completed)),
     )  # fmt: skip
-    summary = asdict(history) | {
-        "steps_per_sec": history.steps_per_sec(),
+    val_ds = input_data_for(config, splits, batch, augment=None, augment_in="pipeline",
+                            cache="none").val_ds  # fmt: skip
+    summary = history | {
+        "val_accuracy": _val_accuracy(trainer.net, val_ds),
         "num_workers": workers,
         "num_ps": servers,
         "global_batch_size": batch,
         "num_train": len(splits.train),
         "class_names": splits.class_names,
-        "val_accuracy": _val_accuracy(trainer.net, _val_ds(splits, size, batch)),
         "augment_in": config.augment_place,
     }
     if config.output:
@@ -269,12 +248,16 @@ def train(
     return summary
 
 
-def _splits_and_batch(config: TrainConfig):
-    """The run's data (the demo set when `config.data` is None) and its global batch size."""
-    from mdtrain.distribute import resolve_global_batch_size
-
-    batch = resolve_global_batch_size(1, config.batch_size_per_replica, config.global_batch_size)
-    return run_splits(config)[1], batch
+def _val_accuracy(net, val_ds) -> float | None:
+    """Accuracy on the validation batches, on the chief (Keras' `evaluate` cannot run here)."""
+    if val_ds is None:
+        return None
+    right = total = 0
+    for images, labels in val_ds:  # the weights are read from the ps
+        predicted = tf.argmax(net(images, training=False), axis=-1, output_type=tf.int32)
+        right += int(tf.reduce_sum(tf.cast(predicted == labels, tf.int32)))
+        total += int(labels.shape[0])
+    return right / max(total, 1)
 
 
 def _compiled_trainer(config: TrainConfig, strategy, splits):
@@ -290,26 +273,20 @@ def _compiled_trainer(config: TrainConfig, strategy, splits):
     return trainer
 
 
-def _print_block(history: PSHistory, num_steps: int) -> None:
-    done, loss, accuracy = history.steps[-1], history.loss[-1], history.accuracy[-1]
+def _print_block(history: dict, num_steps: int) -> None:
+    done, loss, accuracy = history["steps"][-1], history["loss"][-1], history["accuracy"][-1]
     print(
         f"step {done}/{num_steps}: loss {loss:.4f} accuracy {accuracy:.3f} "
-        f"({history.seconds[-1]:.1f} s)",
+        f"({history['seconds'][-1]:.1f} s)",
         flush=True,
     )
 
 
-def _mark_once(history: PSHistory, mark_file: str | os.PathLike) -> None:
+def _mark_once(history: dict, mark_file: str | os.PathLike) -> None:
     """Creates the fault drill's mark file, once; a launcher may kill a worker then."""
     if not Path(mark_file).exists():
         Path(mark_file).touch()
-        history.events.append(f"step {history.steps[-1]}: drill mark written")
-
-
-def _val_ds(splits, image_size: int, batch: int):
-    from mdtrain.pipeline import InputData
-
-    return InputData(splits, image_size, batch, augment=None, cache="none").val_ds
+        history["events"].append(f"step {history['steps'][-1]}: drill mark written")
 
 
 def _write_outputs(folder, net, summary: dict) -> None:
