@@ -8,7 +8,6 @@ this one only wires them together and writes the results.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -93,7 +92,7 @@ def train(config: TrainConfig, callbacks: list | None = None) -> TrainResult:
         run = _Run(config)
         result = run.execute(callbacks or [])
     if config.output:
-        _write_outputs(result, run.chief)
+        write_outputs(config.output, result.model, result.history, result.summary(), run.chief)
     if config.backup_dir and run.chief:  # finished: the outputs now hold the result
         from mdtrain.backup import remove_backups
 
@@ -415,21 +414,36 @@ class _Run:
         return history_rows(hist)
 
 
-def _write_outputs(result: TrainResult, chief: bool) -> None:
-    """Writes model.keras, history.json, report.json: the chief's are kept (`mdtrain.outputs`)."""
+def write_outputs(output, net, history, report: dict, chief: bool = True) -> None:
+    """Writes a run's `model.keras`, `history.json` and `report.json`: the one output writer.
+
+    `model.keras` holds Keras' own layers (`portable_model`). Only the chief's
+    files are kept; the other workers of a multi-worker run write to a
+    temporary folder that is deleted (saving may involve collectives). Files
+    that cannot be written go to a new temporary folder, named in the error
+    (`mdtrain.outputs`).
+
+    Args:
+        output: the `--output` folder.
+        net: the trained classifier.
+        history: JSON-able metrics history.
+        report: the JSON-able report.
+        chief: whether this process is the chief. Defaults to True.
+
+    Raises:
+        UsageError: when `output` could not be written (the files are elsewhere).
+    """
     from mdtrain.outputs import save_and_discard, save_or_rescue
 
-    save = functools.partial(_save, result)
+    def save(out: Path) -> None:
+        portable_model(net).save(out / "model.keras")
+        (out / "history.json").write_text(json.dumps(history, indent=1))
+        (out / "report.json").write_text(json.dumps(report, indent=1))
+
     if chief:
-        save_or_rescue(result.output, save)
+        save_or_rescue(output, save)
     else:
         save_and_discard(save)
-
-
-def _save(result: TrainResult, out: Path) -> None:
-    portable_model(result.model).save(out / "model.keras")
-    (out / "history.json").write_text(json.dumps(result.history, indent=1))
-    (out / "report.json").write_text(json.dumps(result.summary(), indent=1))
 
 
 def portable_model(net):

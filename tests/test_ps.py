@@ -186,7 +186,8 @@ def test_training_goes_on_when_a_worker_is_killed(tiny_dataset, tmp_path):
     out, mark = io.StringIO(), tmp_path / "mark"
     # Augmenting in the input pipeline here; the test below takes the default, the model.
     args = [*_train_args(tiny_dataset, 6), "--augment-in", "pipeline", "--log-every", "3",
-            "--mark-after", "6", "--mark-file", str(mark), "--output", str(tmp_path / "run")]  # fmt: skip
+            "--mark-after", "6", "--mark-file", str(mark),
+            "--output", str(tmp_path / "run")]  # fmt: skip
     kill_worker_when(mark, 1, timeout_s=300)
     code = launch(2, args, num_ps=1, log_dir=tmp_path / "logs", stream=out)
     log = out.getvalue()
@@ -203,6 +204,8 @@ def test_training_goes_on_when_a_worker_is_killed(tiny_dataset, tmp_path):
 
 @pytest.mark.slow
 def test_cli_launch_ps_trains_and_writes_outputs(tiny_dataset, tmp_path):
+    import keras
+
     out = tmp_path / "run"
     done = run_mdtrain(
         "launch",
@@ -232,7 +235,10 @@ def test_cli_launch_ps_trains_and_writes_outputs(tiny_dataset, tmp_path):
     json_line = next(line for line in lines if line.startswith("[chief] {"))  # its --json
     assert summary_of(json_line)["loss"] == report["loss"]
     assert lines[-1] == "[launch] the chief exited with code 0; stopping the servers", lines[-3:]
-    assert (out / "model.keras").stat().st_size > 0
+    # The one output writer: the model loads with Keras' own layers, the history beside it.
+    saved = keras.saving.load_model(out / "model.keras")
+    assert not [x for x in saved._flatten_layers() if type(x).__name__.startswith("Exact")]
+    assert json.loads((out / "history.json").read_text())["loss"] == report["loss"]
     # It learns: the mean loss of the last 12 steps is below that of the first 12. (The saved
     # model's moving BatchNorm statistics have moved only 1 - 0.99**24 = 21% of the way
     # after 24 steps: its predictions cannot show it yet.)
@@ -249,14 +255,15 @@ def test_outputs_that_cannot_be_written_are_saved_elsewhere(tmp_path, monkeypatc
 
     import keras
 
-    from mdtrain.ps.training import _write_outputs
+    from mdtrain.training import write_outputs
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the rescue folder goes here
     (tmp_path / "taken").write_text("a file where the output folder should go")
     net = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
     with pytest.raises(UsageError, match="cannot write") as error:
-        _write_outputs(tmp_path / "taken" / "run", net, {"steps": [10]})
+        write_outputs(tmp_path / "taken" / "run", net, {"loss": [1.0]}, {"steps": [10]})
     rescue = str(error.value).rsplit(" saved to ", 1)[-1].removesuffix(" instead")
     assert json.loads((tmp_path / rescue / "report.json").read_text()) == {"steps": [10]}
+    assert json.loads((tmp_path / rescue / "history.json").read_text()) == {"loss": [1.0]}
     saved = keras.saving.load_model(f"{rescue}/model.keras")
     assert all((a == b).all() for a, b in zip(saved.get_weights(), net.get_weights(), strict=True))

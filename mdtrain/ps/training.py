@@ -11,7 +11,6 @@ here: Keras 3 does not support parameter-server training
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from pathlib import Path
@@ -21,7 +20,6 @@ import numpy as np
 import tensorflow as tf
 
 from mdtrain.errors import UsageError
-from mdtrain.outputs import save_or_rescue
 from mdtrain.training import (
     AUGMENT_IN_STEP_NOTE,
     TrainConfig,
@@ -29,6 +27,7 @@ from mdtrain.training import (
     input_data_for,
     new_trainer,
     run_splits,
+    write_outputs,
 )
 
 
@@ -244,7 +243,7 @@ def train(
         "augment_in": config.augment_place,
     }
     if config.output:
-        _write_outputs(config.output, trainer.net, summary)
+        write_outputs(config.output, trainer.net, history, summary)
     return summary
 
 
@@ -287,11 +286,3 @@ def _mark_once(history: dict, mark_file: str | os.PathLike) -> None:
     if not Path(mark_file).exists():
         Path(mark_file).touch()
         history["events"].append(f"step {history['steps'][-1]}: drill mark written")
-
-
-def _write_outputs(folder, net, summary: dict) -> None:
-    def save(out: Path) -> None:
-        net.save(out / "model.keras")
-        (out / "report.json").write_text(json.dumps(summary, indent=1))
-
-    save_or_rescue(folder, save)
