@@ -17,7 +17,15 @@ import pytest
 
 from mdtrain import launch as launch_mod
 from mdtrain.errors import UsageError
-from mdtrain.launcher import free_ports, kill_worker_when, launch, run_workers, tf_config
+from mdtrain.gpus import visible_gpus
+from mdtrain.launcher import (
+    free_ports,
+    kill_worker_when,
+    launch,
+    run_workers,
+    tf_config,
+    worker_devices,
+)
 
 FAKE = [sys.executable, str(Path(__file__).parent / "fixtures" / "fake_worker.py")]
 ROOT = Path(__file__).resolve().parents[1]
@@ -371,6 +379,24 @@ def test_each_worker_sees_its_own_gpus(tmp_path, visible, workers, per_worker, e
     for i, gpus in enumerate(expected):
         assert f"[worker {i}] sees {gpus}\n" in out, out
     assert "[launch] CUDA_VISIBLE_DEVICES worker 0: " in out
+
+
+@pytest.mark.parametrize("visible", ["", "0", "0,1"])  # a laptop, Colab, Kaggle's 2×T4
+def test_the_plain_workers_and_mdtrain_launch_get_the_same_devices(tmp_path, visible):
+    # Notebook 05 starts its plain script with `cuda_visible_devices[i]` for worker i, and
+    # `mdtrain launch` with `gpus_per_worker`: the two runs it compares must match.
+    env = _env(CUDA_VISIBLE_DEVICES=visible)
+    devices = worker_devices(2, visible_gpus(env))
+    stream = io.StringIO()
+    code = run_workers(
+        SHOW_GPUS, 2, log_dir=tmp_path, env=env, stream=stream,
+        gpus_per_worker=devices.gpus_per_worker,
+    )  # fmt: skip
+    out = stream.getvalue()
+    assert code == 0, out
+    for i, gpus in enumerate(devices.cuda_visible_devices):
+        assert f"[worker {i}] sees {gpus}\n" in out, out
+    assert devices.cuda_visible_devices == (("0", "1") if visible == "0,1" else ("", ""))
 
 
 def test_kaggle_two_t4s_give_each_of_two_workers_one(tmp_path, monkeypatch):
