@@ -15,7 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from mdtrain import launch as launch_mod
+import mdtrain.launcher as launch_mod
 from mdtrain.errors import UsageError
 from mdtrain.gpus import visible_gpus
 from mdtrain.launcher import (
