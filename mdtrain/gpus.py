@@ -4,11 +4,15 @@ Without it every worker of `mdtrain launch` would see every GPU: on Kaggle's
 2×T4, 2 workers would each build 2 replicas on the same 2 GPUs. The GPUs are
 counted without TensorFlow (which must not start in the launcher): the
 launcher's own `CUDA_VISIBLE_DEVICES` when set, else `nvidia-smi -L`, else
-NVML, else none. `assign_gpus` is a pure function of that list.
+NVML, else none. `assign_gpus` is a pure function of that list, and
+`worker_devices` the choice a notebook makes for N local workers on whatever
+machine it runs: each worker its share of the GPUs, or, with fewer GPUs than
+workers, every worker on the CPU.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import shutil
@@ -132,3 +136,111 @@ def assign_gpus(
 
 def _gpus(n: int) -> str:
     return "no GPU is" if n == 0 else ("1 GPU is" if n == 1 else f"{n} GPUs are")
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerDevices:
+    """Where each of `num_workers` local workers trains; see `worker_devices`.
+
+    Attributes:
+        num_workers: how many workers.
+        gpus: the GPUs there were to share (`visible_gpus`).
+        gpus_per_worker: GPUs of each worker; `0` puts every worker on the CPU.
+        cuda_visible_devices: each worker's `CUDA_VISIBLE_DEVICES`, `""` on the CPU.
+    """
+
+    num_workers: int
+    gpus: tuple[str, ...]
+    gpus_per_worker: int
+    cuda_visible_devices: tuple[str, ...]
+
+    @property
+    def num_replicas(self) -> int:
+        """Replicas of the whole job: one per GPU, or one per worker on the CPU."""
+        return self.num_workers * max(self.gpus_per_worker, 1)
+
+    def describe(self) -> str:
+        """One line for a reader: where the workers run, and why."""
+        n, replicas = self.num_workers, f"{self.num_replicas} replicas in all"
+        gpus = "1 GPU" if len(self.gpus) == 1 else f"{len(self.gpus)} GPUs"
+        if self.gpus_per_worker:
+            shares = "; ".join(
+                f"worker {i} on GPU{'s' * (',' in g)} {g}"
+                for i, g in enumerate(self.cuda_visible_devices)
+            )
+            return f"{gpus}: {shares}; {replicas}"
+        if not self.gpus:
+            return f"no GPU: {n} workers on the CPU, 1 replica each; {replicas}"
+        return (
+            f"{gpus} for {n} workers: the workers run on the CPU, 1 replica each "
+            f"(a GPU serves one worker process); {replicas}"
+        )
+
+
+def worker_devices(num_workers: int, gpus: Sequence[str] | None = None) -> WorkerDevices:
+    """Chooses the devices of `num_workers` local workers: GPUs if each can have one, else CPUs.
+
+    With at least one GPU per worker, each worker gets `len(gpus) // num_workers`
+    of them (Kaggle's 2×T4, 2 workers: one T4 each). With fewer GPUs than
+    workers (Colab's one GPU, 2 workers) every worker runs on the CPU, rather
+    than two processes fighting over one GPU's memory; and without a GPU they
+    run on the CPU anyway. Pass `gpus_per_worker` and
+    `cuda_visible_devices` on to every run that is to be compared, so that
+    like is compared with like.
+
+    Args:
+        num_workers: How many workers. Must be at least 1.
+        gpus: The GPUs to share out. Defaults to `None`: `visible_gpus()`.
+
+    Returns:
+        A `WorkerDevices`.
+
+    Raises:
+        UsageError: If `num_workers < 1`.
+
+    Example:
+        >>> worker_devices(2, ["0", "1"]).cuda_visible_devices
+        ('0', '1')
+        >>> worker_devices(2, ["0"]).gpus_per_worker
+        0
+    """
+    gpus = tuple(visible_gpus() if gpus is None else gpus)
+    if num_workers < 1:
+        raise UsageError(f"--workers {num_workers}: pass 1 or more workers")
+    per_worker = len(gpus) // num_workers  # 0 with fewer GPUs than workers: the CPU
+    shares = assign_gpus(gpus, num_workers, per_worker)
+    return WorkerDevices(num_workers, gpus, per_worker, tuple(shares))
+
+
+def share_gpus(
+    gpus: Sequence[str], num_workers: int, gpus_per_worker: int | None = None
+) -> tuple[list[str] | None, str | None]:
+    """Each launched worker's `CUDA_VISIBLE_DEVICES`, and a line when it chose the CPU.
+
+    What `mdtrain launch` does, with or without parameter servers: as
+    `assign_gpus`, except with fewer GPUs than workers and no
+    `gpus_per_worker` given (2 workers on Colab's one GPU), where the workers
+    run on the CPU (`worker_devices`) rather than stop: two processes that
+    each take all of one GPU's memory would fail.
+
+    Args:
+        gpus: The visible GPUs (`visible_gpus`).
+        num_workers: Workers, at least 1.
+        gpus_per_worker: GPUs of each worker. Defaults to `None`: an even split.
+
+    Returns:
+        `(assignment, note)`: `assign_gpus`'s list (`None`: the launcher's
+        environment, on a machine without GPUs), and the line to print when
+        the workers were put on the CPU, else `None`.
+
+    Raises:
+        UsageError: When `gpus_per_worker` asks for more GPUs than there are.
+
+    Example:
+        >>> share_gpus(["0"], 2)
+        (['', ''], '1 GPU for 2 workers: the workers run on the CPU, 1 replica each (a GPU serves one worker process); 2 replicas in all')
+    """  # noqa: E501
+    if gpus_per_worker is None and 0 < len(gpus) < num_workers:
+        devices = worker_devices(num_workers, gpus)
+        return list(devices.cuda_visible_devices), devices.describe()
+    return assign_gpus(gpus, num_workers, gpus_per_worker), None

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from mdtrain.errors import UsageError
-from mdtrain.gpus import assign_gpus, visible_gpus
+from mdtrain.gpus import assign_gpus, visible_gpus, worker_devices
 
 T4X2 = """GPU 0: Tesla T4 (UUID: GPU-2c1d6d4e-8f33-1a2b-9c3d-4e5f6a7b8c9d)
 GPU 1: Tesla T4 (UUID: GPU-7a8b9c0d-1e2f-3a4b-5c6d-7e8f9a0b1c2d)
@@ -129,3 +129,43 @@ def test_too_few_gpus_is_one_line(gpus, workers, per_worker, message):
         assign_gpus(gpus, workers, per_worker)
     assert message in str(caught.value)
     assert "\n" not in str(caught.value)
+
+
+# --- the devices of N local workers: what notebook 05 runs on each machine ------------
+
+
+@pytest.mark.parametrize(
+    ("gpus", "per_worker", "visible", "replicas", "line"),
+    [
+        ([], 0, ("", ""), 2, "no GPU: 2 workers on the CPU"),  # a laptop, CI
+        (["0"], 0, ("", ""), 2, "1 GPU for 2 workers: the workers run on the CPU"),  # Colab
+        (["0", "1"], 1, ("0", "1"), 2, "2 GPUs: worker 0 on GPU 0; worker 1 on GPU 1"),  # Kaggle
+        (["0", "1", "2", "3"], 2, ("0,1", "2,3"), 4, "worker 1 on GPUs 2,3"),
+    ],
+)
+def test_worker_devices_on_0_1_2_and_4_gpus(gpus, per_worker, visible, replicas, line):
+    devices = worker_devices(2, gpus)
+    assert devices.gpus_per_worker == per_worker
+    assert devices.cuda_visible_devices == visible
+    assert devices.num_replicas == replicas
+    assert line in devices.describe() and "\n" not in devices.describe()
+
+
+def test_worker_devices_never_gives_a_gpu_to_two_workers():
+    for n in range(1, 6):
+        shares = [
+            s for s in worker_devices(3, [str(i) for i in range(n)]).cuda_visible_devices if s
+        ]
+        used = [g for share in shares for g in share.split(",")]
+        assert len(used) == len(set(used))
+
+
+def test_worker_devices_counts_kaggles_gpus_without_tensorflow(tmp_path, no_pynvml, monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setenv("PATH", fake_nvidia_smi(tmp_path, T4X2))
+    assert worker_devices(2).cuda_visible_devices == ("0", "1")
+
+
+def test_worker_devices_refuses_no_workers():
+    with pytest.raises(UsageError, match="--workers 0"):
+        worker_devices(0, ["0"])

@@ -18,7 +18,14 @@ import pytest
 import mdtrain.launcher as launch_mod
 from mdtrain.errors import UsageError
 from mdtrain.gpus import visible_gpus
-from mdtrain.launcher import free_ports, kill_worker_when, launch, run_workers, tf_config
+from mdtrain.launcher import (
+    free_ports,
+    kill_worker_when,
+    launch,
+    run_workers,
+    tf_config,
+    worker_devices,
+)
 
 FAKE = [sys.executable, str(Path(__file__).parent / "fixtures" / "fake_worker.py")]
 ROOT = Path(__file__).resolve().parents[1]
@@ -359,6 +366,7 @@ SHOW_GPUS = [sys.executable, "-c", "import os; print('sees', os.environ['CUDA_VI
         ("0,1,2,3", 2, 1, ["0", "1"]),
         ("4,5,6", 3, None, ["4", "5", "6"]),  # the launcher's own subset is what it shares
         ("0,1", 2, 0, [""] * 2),  # --gpus-per-worker 0: every GPU hidden, workers on the CPU
+        ("0", 2, None, [""] * 2),  # Colab: 1 GPU for 2 workers, so both on the CPU
     ],
 )
 def test_each_worker_sees_its_own_gpus(tmp_path, visible, workers, per_worker, expected):
@@ -372,6 +380,26 @@ def test_each_worker_sees_its_own_gpus(tmp_path, visible, workers, per_worker, e
     for i, gpus in enumerate(expected):
         assert f"[worker {i}] sees {gpus}\n" in out, out
     assert "[launch] CUDA_VISIBLE_DEVICES worker 0: " in out
+    on_cpu_note = "[launch] 1 GPU for 2 workers: the workers run on the CPU"
+    assert (on_cpu_note in out) == (visible == "0"), out
+
+
+@pytest.mark.parametrize("visible", ["", "0", "0,1"])  # a laptop, Colab, Kaggle's 2×T4
+def test_the_plain_workers_and_mdtrain_launch_get_the_same_devices(tmp_path, visible):
+    # Notebook 05 starts its plain script with `cuda_visible_devices[i]` for worker i, and
+    # `mdtrain launch` with `gpus_per_worker`: the two runs it compares must match.
+    env = _env(CUDA_VISIBLE_DEVICES=visible)
+    devices = worker_devices(2, visible_gpus(env))
+    stream = io.StringIO()
+    code = run_workers(
+        SHOW_GPUS, 2, log_dir=tmp_path, env=env, stream=stream,
+        gpus_per_worker=devices.gpus_per_worker,
+    )  # fmt: skip
+    out = stream.getvalue()
+    assert code == 0, out
+    for i, gpus in enumerate(devices.cuda_visible_devices):
+        assert f"[worker {i}] sees {gpus}\n" in out, out
+    assert devices.cuda_visible_devices == (("0", "1") if visible == "0,1" else ("", ""))
 
 
 def test_kaggle_two_t4s_give_each_of_two_workers_one(tmp_path, monkeypatch):
@@ -472,20 +500,22 @@ def test_ps_job_outlives_a_worker_but_not_a_ps(tmp_path):
     "visible, assignment, note",
     [
         ("", None, None),  # no GPU: every task keeps the launcher's environment
-        ("0", ["", ""], "2 workers but 1 GPU: the workers run on the CPU"),  # Colab
+        ("0", ["", ""], "1 GPU for 2 workers: the workers run on the CPU"),  # Colab
         ("0,1", ["0", "1"], None),  # Kaggle's 2xT4: one each
     ],
 )
 def test_ps_workers_gpus_on_0_1_and_2_gpus(visible, assignment, note):
     gpus = visible_gpus({"CUDA_VISIBLE_DEVICES": visible})
-    assert launch_mod.ps_worker_gpus(gpus, 2) == (assignment, note)
+    shares, said = launch_mod.share_gpus(gpus, 2)
+    assert shares == assignment
+    assert (said is None) if note is None else said.startswith(note)
 
 
 def test_ps_job_on_one_gpu_runs_its_workers_on_the_cpu_and_says_so(tmp_path):
     code, out = _run_roles(tmp_path, ROLE_EXIT_CHIEF_0="0", ROLE_EXIT_DELAY="1",
                            CUDA_VISIBLE_DEVICES="0")  # fmt: skip
     assert code == 0, out
-    assert "[launch] 2 workers but 1 GPU: the workers run on the CPU" in out, out
+    assert "[launch] 1 GPU for 2 workers: the workers run on the CPU" in out, out
     for label in ("worker 0] worker=0", "worker 1] worker=1", "ps 0] ps=0", "chief] chief=0"):
         assert f"[{label} cuda=''" in out, out  # nobody takes the GPU
 

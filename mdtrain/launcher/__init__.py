@@ -12,7 +12,8 @@ Modules: `addresses` (free ports, `TF_CONFIG`), `processes` (one group of
 processes: start, pump output, stop them all whatever happens), `workers`
 (`run_workers`, restarts, hang detection, `kill_worker_when`),
 `parameter_servers` (`run_ps_cluster`), `jobs` (`launch`, `launch_ps`: the CLI's
-`mdtrain launch`). Every public name imports from `mdtrain.launcher`.
+`mdtrain launch`). Every public name imports from `mdtrain.launcher`, with
+`worker_devices`, `share_gpus` (`mdtrain.gpus`): each local worker's GPUs, or the CPU.
 
 Exit codes of `run_workers` and `launch`: the chief's (worker 0's) status when
 every worker ends on its own; the failing worker's status when a worker fails and
@@ -30,23 +31,26 @@ reachable from an untrusted network, firewall the ports or run the workers in a
 network namespace or container without outside access.
 """
 
+from mdtrain.gpus import WorkerDevices, share_gpus, worker_devices
 from mdtrain.launcher.addresses import cluster_tf_config, free_ports, ps_cluster, tf_config
 from mdtrain.launcher.jobs import launch, launch_ps
-from mdtrain.launcher.parameter_servers import ps_worker_gpus, run_ps_cluster
+from mdtrain.launcher.parameter_servers import run_ps_cluster
 from mdtrain.launcher.processes import HANG_EXIT_CODE
 from mdtrain.launcher.workers import USAGE_EXIT_CODE, kill_worker_when, run_workers
 
 __all__ = [
     "HANG_EXIT_CODE",
     "USAGE_EXIT_CODE",
+    "WorkerDevices",
     "cluster_tf_config",
     "free_ports",
     "kill_worker_when",
     "launch",
     "launch_ps",
     "ps_cluster",
-    "ps_worker_gpus",
     "run_ps_cluster",
     "run_workers",
     "tf_config",
+    "share_gpus",
+    "worker_devices",
 ]

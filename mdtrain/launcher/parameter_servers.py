@@ -8,7 +8,7 @@ import time
 from typing import TextIO
 
 from mdtrain.errors import UsageError
-from mdtrain.gpus import assign_gpus, visible_gpus
+from mdtrain.gpus import share_gpus, visible_gpus
 from mdtrain.launcher.addresses import cluster_tf_config, ps_cluster
 from mdtrain.launcher.processes import (
     HANG_EXIT_CODE,
@@ -59,7 +59,7 @@ def run_ps_cluster(
         gpus_per_worker: GPUs of each worker, as in `run_workers`; the ps and
             the chief get none. Defaults to None: the visible GPUs split
             evenly, or, with fewer GPUs than workers, none: the workers run
-            on the CPU, and one line says so (`ps_worker_gpus`).
+            on the CPU, and one line says so (`mdtrain.gpus.share_gpus`).
 
     Returns:
         The chief's exit status; a dead ps's (at least 1); 124 when stuck;
@@ -75,7 +75,7 @@ def run_ps_cluster(
     if num_workers < 1 or num_ps < 1:
         raise UsageError(f"--workers {num_workers} --ps {num_ps}: pass at least 1 of each")
     check_hang_timeout(hang_timeout_s)
-    gpus, note = ps_worker_gpus(visible_gpus(env), num_workers, gpus_per_worker)
+    gpus, note = share_gpus(visible_gpus(env), num_workers, gpus_per_worker)
     job = Job(log_dir, stream)  # after the checks: a usage error leaves no log folder behind
     cluster = ps_cluster(num_workers, num_ps, host)
     job.say(f"{num_ps} ps, {num_workers} workers and a chief on {host}; logs in {job.log_dir}")
@@ -95,41 +95,6 @@ def run_ps_cluster(
         return status
 
     return job.run(start_and_watch)
-
-
-def ps_worker_gpus(
-    gpus: list[str], num_workers: int, gpus_per_worker: int | None = None
-) -> tuple[list[str] | None, str | None]:
-    """Each parameter-server worker's `CUDA_VISIBLE_DEVICES`, and a line when it chose the CPU.
-
-    As `mdtrain.gpus.assign_gpus`, except with fewer GPUs than workers and
-    no `gpus_per_worker` given (2 workers on Colab's one GPU): there the
-    workers run on the CPU rather than stop. Asynchronous training needs
-    no worker to match another, but two processes that each take all of
-    one GPU's memory would fail, and a job that runs beats a refusal.
-
-    Args:
-        gpus: the visible GPUs (`mdtrain.gpus.visible_gpus`).
-        num_workers: workers, at least 1.
-        gpus_per_worker: GPUs of each worker. Defaults to None: an even split.
-
-    Returns:
-        `(assignment, note)`: `assign_gpus`'s list (None: the launcher's
-        environment, on a machine without GPUs), and the line to print when
-        the workers were put on the CPU, else None.
-
-    Raises:
-        UsageError: when `gpus_per_worker` asks for more GPUs than there are.
-
-    Example:
-        >>> ps_worker_gpus(["0"], 2)
-        (['', ''], '2 workers but 1 GPU: the workers run on the CPU')
-    """
-    if gpus_per_worker is None and 0 < len(gpus) < num_workers:
-        plural = "1 GPU" if len(gpus) == 1 else f"{len(gpus)} GPUs"
-        note = f"{num_workers} workers but {plural}: the workers run on the CPU"
-        return assign_gpus(gpus, num_workers, 0), note
-    return assign_gpus(gpus, num_workers, gpus_per_worker), None
 
 
 def _ps_roles(num_ps: int, num_workers: int) -> list[tuple[str, int]]:

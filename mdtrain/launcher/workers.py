@@ -12,7 +12,7 @@ import time
 from typing import TextIO
 
 from mdtrain.errors import UsageError
-from mdtrain.gpus import assign_gpus, visible_gpus
+from mdtrain.gpus import share_gpus, visible_gpus
 from mdtrain.launcher.addresses import address, free_ports, tf_config
 from mdtrain.launcher.processes import (
     HANG_EXIT_CODE,
@@ -117,7 +117,8 @@ def run_workers(
         stream: Where prefixed output and launcher messages go.
             Defaults to `None`, the `sys.stdout` of the moment (a notebook's too).
         gpus_per_worker: GPUs for each worker, set in its `CUDA_VISIBLE_DEVICES`
-            (`mdtrain.gpus.assign_gpus`); `0` runs the workers on the CPU.
+            (`mdtrain.gpus.share_gpus`); `0` runs the workers on the CPU, and so
+            does `None` with fewer GPUs than workers (one line says so).
             Defaults to `None`: the visible GPUs split evenly, none on a CPU machine.
 
     Returns:
@@ -133,9 +134,11 @@ def run_workers(
         >>> run_workers([sys.executable, "train.py"], 2, restarts=1)  # doctest: +SKIP
     """
     _check_worker_args(command, num_workers, restarts, hang_timeout_s)
-    gpus = assign_gpus(visible_gpus(env), num_workers, gpus_per_worker)
+    gpus, note = share_gpus(visible_gpus(env), num_workers, gpus_per_worker)
     job = Job(log_dir, stream)
     job.say(f"{num_workers} workers on {host}; logs in {job.log_dir}")
+    if note:
+        job.say(note)
     if gpus is not None:
         shares = (f"worker {i}: {g or '(none)'}" for i, g in enumerate(gpus))
         job.say("CUDA_VISIBLE_DEVICES " + "; ".join(shares))
