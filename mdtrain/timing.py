@@ -5,7 +5,7 @@ from __future__ import annotations
 import gc
 import statistics
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 
 def _count_images(batch) -> int:
@@ -13,12 +13,14 @@ def _count_images(batch) -> int:
     return len(batch[0] if isinstance(batch, (tuple, list)) else batch)
 
 
-def _time_epoch(pipeline: Iterable, batches: int | None) -> float:
+def _time_epoch(pipeline: Iterable, batches: int | None, step: Callable | None) -> float:
     """Images per second of one pass over `pipeline` from a fresh iterator."""
     iterator = iter(pipeline)
     begin, images = time.perf_counter(), 0
     for i, batch in enumerate(iterator):
         images += _count_images(batch)
+        if step is not None:
+            step(batch)
         if batches is not None and i + 1 >= batches:
             break
     seconds = time.perf_counter() - begin
@@ -35,6 +37,7 @@ def time_epochs(
     repeats: int = 3,
     batches: int | None = None,
     warmup: bool = True,
+    step: Callable[[object], object] | None = None,
 ) -> dict[str, dict]:
     """Images per second of input pipelines over whole epochs, repeats interleaved.
 
@@ -54,7 +57,11 @@ def time_epochs(
         batches: at most this many batches per epoch; needed for endless
             iterators such as `ImageDataGenerator().flow_from_directory(...)`
             (pass `len(iterator)`). Defaults to None (until the pipeline ends).
-        warmup: time nothing in a first, untimed epoch. Defaults to True.
+        warmup: run a first, untimed epoch of every pipeline. Defaults to True.
+        step: called on every batch, timed with it, as a training step would
+            be: with one, the rate shows how much of the input work hides
+            behind the step (what `prefetch` is for). Defaults to None (the
+            batches are only pulled).
 
     Returns:
         `{name: {"median", "min", "max", "runs"}}` in images per second, in
@@ -73,11 +80,11 @@ def time_epochs(
         raise ValueError(f"repeats={repeats}, batches={batches}: must be positive")
     if warmup:
         for pipeline in pipelines.values():
-            _time_epoch(pipeline, batches)
+            _time_epoch(pipeline, batches, step)
     rates: dict[str, list[float]] = {name: [] for name in pipelines}
     for _ in range(repeats):
         for name, pipeline in pipelines.items():
-            rates[name].append(_time_epoch(pipeline, batches))
+            rates[name].append(_time_epoch(pipeline, batches, step))
     return {
         name: {
             "median": statistics.median(runs),

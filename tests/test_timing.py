@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import time
 
 import numpy as np
 import pytest
@@ -42,3 +43,15 @@ def test_bad_settings_and_empty_pipelines_are_refused():
         time_epochs({"a": []}, repeats=0)
     with pytest.raises(ValueError, match="no batches"):
         time_epochs({"a": []}, repeats=1)
+
+
+def test_the_step_runs_on_every_batch_and_its_time_counts():
+    seen = []
+
+    def step(batch):
+        seen.append(len(batch[0]))
+        time.sleep(0.05)
+
+    slow = time_epochs({"a": Epochs("a", [], batches=3)}, repeats=1, warmup=False, step=step)
+    assert seen == [4, 4, 4]
+    assert slow["a"]["median"] < 12 / 0.15  # 12 images took at least 3 steps of 50 ms
