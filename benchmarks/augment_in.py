@@ -40,7 +40,7 @@ def _images_per_sec(size: int, place: str) -> float:
 
 
 def main() -> None:
-    from mdtrain.bench.common import machine_info, write_result
+    from _common import machine_info, write_result
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--output", default=str(REPO / "benchmarks" / "augment_in.json"))

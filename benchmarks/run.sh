@@ -9,11 +9,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python}"
 uptime
-"$PYTHON" -m mdtrain bench pipeline --output benchmarks --json
+"$PYTHON" benchmarks/pipeline.py --output benchmarks --json
 uptime
 "$PYTHON" benchmarks/memory.py ${BEFORE:+--before "$BEFORE"}
 uptime
-"$PYTHON" -m mdtrain bench train --output benchmarks --json
+"$PYTHON" benchmarks/train.py --output benchmarks --json
 uptime
 "$PYTHON" benchmarks/augment_in.py
 uptime

@@ -1,4 +1,4 @@
-"""The `mdtrain` command: `data`, `train`, `bench`, `launch`, `predict`.
+"""The `mdtrain` command: `data`, `train`, `launch`, `predict`.
 
 Kept thin: each subcommand parses its options into the arguments of one
 library function. Bad input of any kind ends in one line on standard error and
@@ -154,43 +154,6 @@ def _add_train_keeping(t) -> None:
     t.add_argument("--json", action="store_true", help="end with one JSON summary line")
 
 
-_BENCH_DATA = "dataset folder: class folders, or train/ and val/ (default: 1500 JPEGs made in "
-_BENCH_DATA += "data/bench on first use)"
-_BENCH_JSON = "print the result as one JSON object"
-
-
-def _bench_output(stem: str) -> str:
-    return (f"a folder for {stem}.json and {stem}.png, or a .json path (the PNG beside it) "
-            "(default: nothing written)")  # fmt: skip
-
-
-def _add_bench(sub) -> None:
-    from mdtrain.choices import MODELS
-
-    bench = sub.add_parser("bench", help="measure input pipelines and training steps")
-    bsub = bench.add_subparsers(dest="bench_command", required=True, parser_class=_Parser)
-    p = bsub.add_parser(
-        "pipeline", help="image_dataset_from_directory, ImageDataGenerator, tf.data: images/sec"
-    )  # fmt: skip
-    p.add_argument("--data", help=_BENCH_DATA)
-    p.add_argument("--image-size", type=_positive_int, default=224, help="output side, pixels")
-    p.add_argument("--batch-size", type=_positive_int, default=32, help="images per batch")
-    p.add_argument("--repeats", type=_positive_int, default=3,
-                   help="timed epochs per variant, interleaved")  # fmt: skip
-    p.add_argument("--output", help=_bench_output("pipeline"))
-    p.add_argument("--json", action="store_true", help=_BENCH_JSON)
-    t = bsub.add_parser("train", help="step time with the real pipeline vs a cached batch")
-    t.add_argument("--data", help=_BENCH_DATA)
-    t.add_argument("--model", default="efficientnetv2-b0", help=f"the model: {', '.join(MODELS)}")
-    t.add_argument("--image-size", type=_positive_int, default=128, help="input side, pixels")
-    t.add_argument("--batch-size", type=_positive_int, default=32,
-                   help="global batch size, at least 2 (two replicas)")  # fmt: skip
-    t.add_argument("--steps", type=_positive_int, default=20,
-                   help="timed steps per configuration, after 2 warm-up steps")  # fmt: skip
-    t.add_argument("--output", help=_bench_output("train"))
-    t.add_argument("--json", action="store_true", help=_BENCH_JSON)
-
-
 def _add_launch(sub) -> None:
     la = sub.add_parser(
         "launch", help="run `mdtrain train --strategy multiworker` as N local workers",
@@ -249,7 +212,6 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     _add_data(sub)
     _add_train(sub)
-    _add_bench(sub)
     _add_launch(sub)
     _add_predict(sub)
     return parser
@@ -295,18 +257,6 @@ def _run_train(args) -> int:
     return 0
 
 
-def _run_bench(args) -> int:
-    from mdtrain import bench
-
-    import_tensorflow()
-    options = {k: v for k, v in vars(args).items() if k not in ("command", "bench_command", "json")}
-    run = bench.pipeline_benchmark if args.bench_command == "pipeline" else bench.train_benchmark
-    result = run(**options)
-    if args.json:
-        _print_json(result)
-    return 0
-
-
 def _run_launch(args) -> int:
     from mdtrain.launcher import launch
 
@@ -347,7 +297,6 @@ def _run_predict(args) -> int:
 _COMMANDS = {
     "data": _run_data,
     "train": _run_train,
-    "bench": _run_bench,
     "launch": _run_launch,
     "predict": _run_predict,
 }

@@ -31,8 +31,9 @@ of files in memory cannot be sharded by file (TensorFlow would fall back with
 a warning), and DATA sharding gives each worker its slice of every global
 batch, which keeps multi-worker numerics equal to single-machine ones.
 
-The legacy `ImageDataGenerator` baseline lives in `mdtrain.legacy`; the
-measured comparison in `mdtrain.bench.pipelines`.
+Notebook 02 builds the same pipeline stage by stage in plain tf.data, and
+`benchmarks/pipeline.py` measures it against `image_dataset_from_directory`
+and the legacy `ImageDataGenerator`.
 """
 
 from __future__ import annotations

@@ -133,17 +133,6 @@ def test_accuracy_comparison_one_axis_zero_to_one_with_chance():
     assert ax.get_ylim()[0] == 0 and ax.get_ylim()[1] >= 1
 
 
-def test_benchmark_bars_sorted_with_limit():
-    results = {"imagedatagenerator": 120.0, "tfdata": 900.0, "tfdata_cached": 2500.0}
-    (ax,) = plots.benchmark_bars(results, limit=1500.0).axes
-    assert [b.get_width() for b in _bars(ax)] == [120.0, 900.0, 2500.0]
-    assert [t.get_text() for t in ax.get_yticklabels()] == list(results)
-    (line,) = ax.lines
-    assert line.get_xdata()[0] == 1500.0
-    (ax,) = plots.benchmark_bars({"a": 1.0}).axes
-    assert not ax.lines
-
-
 def test_confusion_matrix_counts():
     fig = plots.confusion_matrix_plot([0, 1, 2, 2, 1], [0, 1, 1, 2, 1], CLASSES)
     matrix = fig.axes[0].images[0].get_array()

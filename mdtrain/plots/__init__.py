@@ -10,15 +10,14 @@ converted with `numpy.asarray`.
 
 Modules: `images` (image grids, augmentations side by side), `batches`
 (how global batches split across replicas), `training` (learning curves,
-confusion matrix), `benchmarks` (images per second), `imbalance` (classes
-per split, per replica slice, recall per class); `common` holds the
-figure, image and colour helpers they share.
+confusion matrix), `imbalance` (classes per split, per replica slice,
+recall per class); `common` holds the figure, image and colour helpers
+they share.
 """
 
 from __future__ import annotations
 
 from mdtrain.plots.batches import batch_split_diagram
-from mdtrain.plots.benchmarks import benchmark_bars
 from mdtrain.plots.common import DPI, RIGHT_COLOR, WRONG_COLOR  # the marks' colours
 from mdtrain.plots.images import augmentation_grid, image_grid, side_by_side_augmentations
 from mdtrain.plots.imbalance import class_counts_bar, recall_bars, replica_class_counts_plot
@@ -31,7 +30,6 @@ __all__ = [
     "accuracy_comparison",
     "augmentation_grid",
     "batch_split_diagram",
-    "benchmark_bars",
     "class_counts_bar",
     "confusion_matrix_plot",
     "history_curves",

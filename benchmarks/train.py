@@ -1,12 +1,29 @@
-"""The training benchmark: is a step input-bound, and one replica against two CPU replicas."""
+"""The training benchmark: is a step input-bound, and one replica against two CPU replicas.
+
+Times training steps fed by the real pipeline against steps fed one cached
+batch over and over (the input-bound ratio), one replica against two virtual
+CPU replicas, then plain Keras `fit` against `mdtrain train` on the main
+job's model (`replicas.py`). Every measurement runs in a fresh process
+(`train.py --worker CONFIG`), because virtual CPU devices must be set before
+TensorFlow starts.
+
+Usage, from the repository root (`benchmarks/run.sh` writes the committed
+`benchmarks/train.json` and `train.png` this way):
+
+    python benchmarks/train.py [--data DIR] [--model efficientnetv2-b0] [--image-size 128]
+        [--batch-size 32] [--steps 20] [--output benchmarks] [--json]
+"""
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
 import time
 
-from mdtrain.bench.common import bench_data, check_positive, machine_info, write_result
-from mdtrain.bench.replicas import VARIANTS, replica_benchmark, run_worker, throughput_worker
+from _common import bench_data, check_positive, machine_info, run_main, write_result
+from replicas import VARIANTS, replica_benchmark, run_worker, throughput_worker
+
 from mdtrain.errors import UsageError
 
 
@@ -35,11 +52,11 @@ def _step_rate(strategy, trainer, ds, steps: int, warmup: int = 2) -> tuple[floa
 
 
 def train_worker(config: dict) -> dict:
-    """Times training steps in this process: what `python -m mdtrain.bench CONFIG` prints.
+    """Times training steps in this process: what `train.py --worker CONFIG` prints.
 
     Must run in a fresh process, before TensorFlow has started: it makes two
     virtual CPU devices. A config of kind `"throughput"` goes to
-    `mdtrain.bench.replicas.throughput_worker` instead.
+    `replicas.throughput_worker` instead.
 
     Args:
         config: `data`, `model`, `image_size`, `batch_size` and `steps`, as
@@ -131,7 +148,7 @@ def train_benchmark(
     replicas (`cpu:2`, MirroredStrategy). Then the README's main job's
     model (small-cnn, at 64 px, global batch 64) in fresh processes, `repeats` rounds
     interleaved: plain Keras `fit` without a strategy, `mdtrain train` and
-    `mdtrain train --strategy one` (`mdtrain.bench.replicas`).
+    `mdtrain train --strategy one` (`replicas.py`).
 
     Args:
         data: dataset folder; None uses the benchmark set. Defaults to None.
@@ -162,7 +179,7 @@ def train_benchmark(
     config = dict(data=str(data_dir), model=model, image_size=image_size,
                   batch_size=batch_size, steps=steps)  # fmt: skip
     start = time.perf_counter()
-    # The worker is `mdtrain/bench/__main__.py`, in a process TensorFlow has not started in.
+    # The worker is this script (`--worker`), in a process TensorFlow has not started in.
     timed = run_worker(config)
     versus = replica_benchmark(str(data_dir), repeats, replica_epochs)
     machine = machine_info()
@@ -221,3 +238,35 @@ def _step_figures(timed: dict[str, float], batch_size: int) -> dict:
         "verdict": verdict(timed["input_wait_share"], None),
         "two_replica_speedup": round(timed["step_s_1_replica"] / timed["step_s_2_replicas"], 3),
     }
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python benchmarks/train.py`: runs `train_benchmark` with the command's options."""
+    from mdtrain.choices import MODELS
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", help="dataset folder: class folders, or train/ and val/ "
+                        "(default: 1500 JPEGs made in data/bench on first use)")  # fmt: skip
+    parser.add_argument("--model", default="efficientnetv2-b0",
+                        help=f"the model: {', '.join(MODELS)}")  # fmt: skip
+    parser.add_argument("--image-size", type=int, default=128, help="input side, pixels")
+    parser.add_argument("--batch-size", type=int, default=32,
+                        help="global batch size, at least 2 (two replicas)")  # fmt: skip
+    parser.add_argument("--steps", type=int, default=20,
+                        help="timed steps per configuration, after 2 warm-up steps")  # fmt: skip
+    parser.add_argument("--output", help="a folder for train.json and train.png, or a .json "
+                        "path (default: nothing written)")  # fmt: skip
+    parser.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    parser.add_argument("--worker", metavar="CONFIG_JSON", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.worker is not None:  # a measuring process started by this script
+        print(json.dumps(train_worker(json.loads(args.worker))), flush=True)
+        return
+    options = {k: v for k, v in vars(args).items() if k not in ("json", "worker")}
+    result = train_benchmark(**options)
+    if args.json:
+        print(json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    run_main(main)

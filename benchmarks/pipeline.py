@@ -1,29 +1,52 @@
 """The input-pipeline benchmark: what Keras users write, ImageDataGenerator and mdtrain.
 
+Images per second of `image_dataset_from_directory` (with and without Keras'
+augmentation layers, and with mdtrain's `FusedAugmentation` layer), the
+legacy `ImageDataGenerator` and mdtrain's `InputData`, in one process, on
+the same files with the page cache warm, same output size and batch size.
 Every variant is timed over whole epochs, each from a fresh pipeline, so a
 shuffle buffer or a cache that must fill before the first batch is part of
 the time, as it is in training. One untimed epoch first compiles, fills
-caches and warms the page cache; the repeats are interleaved.
+caches and warms the page cache; the repeats are interleaved (so a change in
+machine load hits every variant alike), median and spread kept, and the
+ratios taken repeat by repeat.
+
+Usage, from the repository root (`benchmarks/run.sh` writes the committed
+`benchmarks/pipeline.json` and `pipeline.png` this way):
+
+    python benchmarks/pipeline.py [--data DIR] [--image-size 224] [--batch-size 32]
+        [--repeats 3] [--output benchmarks] [--json]
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
 import statistics
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from mdtrain.bench.common import bench_data, check_positive, machine_info, write_result
-from mdtrain.bench.timing import Variant, measure, take_batches, whole_epochs
+from _common import (
+    Variant,
+    bench_data,
+    check_positive,
+    machine_info,
+    measure,
+    run_main,
+    take_batches,
+    whole_epochs,
+    write_result,
+)
+
 from mdtrain.errors import UsageError
 
-if TYPE_CHECKING:  # TensorFlow is imported where it is used: `mdtrain bench --help` stays light
+if TYPE_CHECKING:  # TensorFlow is imported where it is used: `--help` stays light
     import keras
     import tensorflow as tf
 
     from mdtrain.augment import AugmentPolicy
-    from mdtrain.data import ImageList
 
 #: The augmentation of every augmented variant: ImageDataGenerator's flip, rotation ±20°,
 #: zoom ±15% and brightness_range (0.8, 1.2), plus contrast ±20% (Keras' RandomContrast;
@@ -100,9 +123,6 @@ NOTES = (
 #: Batches `imagedatagenerator` is timed on: it runs at about 10 images/s, has no buffer
 #: to fill, and a rate is a rate.
 IDG_BATCHES = 12
-
-#: Augmentation placements `tfdata_stage` knows.
-AUGMENTATIONS = ("none", "keras-layers", "fused-op", "fused-xla")
 
 
 def bench_policy(**overrides) -> AugmentPolicy:
@@ -181,75 +201,47 @@ def keras_directory(
     return ds.prefetch(tf.data.AUTOTUNE)
 
 
-def tfdata_stage(
-    images: ImageList,
+def image_data_generator(
+    directory: str | os.PathLike,
     image_size: int,
     batch_size: int,
-    *,
-    parallel: bool = True,
-    cache: bool = False,
-    prefetch: bool = True,
-    augment: str = "fused-xla",
-    seed: int = 0,
     policy: AugmentPolicy | None = None,
-) -> tf.data.Dataset:
-    """A tf.data pipeline with each optimisation switched on or off, to measure it.
+    shuffle: bool = True,
+    seed: int = 0,
+):
+    """The legacy `ImageDataGenerator().flow_from_directory` with the policy's augmentations.
+
+    What most older Keras tutorials use: PIL decodes and resizes, scipy applies
+    the random affine transform, one image at a time, in float32, in one Python
+    thread. Keras 3 removed `keras.preprocessing.image`; TensorFlow still ships
+    it as `tf.keras.preprocessing.image.ImageDataGenerator` (it needs scipy).
 
     Args:
-        images: an `ImageList`.
+        directory: a folder with one sub-folder per class.
         image_size: side of the square output images.
         batch_size: images per batch.
-        parallel: decode (and augment) on all cores, in any order. Defaults to True.
-        cache: keep decoded images in memory after the first pass. Defaults to False.
-        prefetch: prepare the next batches while the consumer works. Defaults to True.
-        augment: `"none"`, `"keras-layers"` (`keras_augmentation` over float32
-            batches: the straightforward recipe), `"fused-op"` (one fused pass
-            per batch on TensorFlow's `ImageProjectiveTransformV3`) or
-            `"fused-xla"` (the same as an XLA kernel: what `InputData` uses).
-            Defaults to `"fused-xla"`.
-        seed: seed of the shuffle and the transforms. Defaults to 0.
-        policy: the `AugmentPolicy`; None means `bench_policy()`. Defaults to None.
+        policy: the `AugmentPolicy` to apply (`image_data_generator_kwargs`),
+            or None for none. Defaults to None.
+        shuffle: shuffle the files every epoch. Defaults to True.
+        seed: seed of the shuffle and of the transforms. Defaults to 0.
 
     Returns:
-        A dataset of `(images, int32 labels)` batches; iterate it again for
-        another epoch (from the cache, when `cache`).
-
-    Raises:
-        UsageError: for an unknown `augment`.
+        A Keras `DirectoryIterator`, endless: `next(it)` gives `(float32 images
+        in 0-255, float32 class indices)`; `len(it)` is the batches per epoch.
     """
-    import numpy as np
     import tensorflow as tf
 
-    from mdtrain.augment import augment_batch
-    from mdtrain.data import tf_paths
-    from mdtrain.pipeline import load_image
-
-    if augment not in AUGMENTATIONS:
-        raise UsageError(f"augment {augment!r}: expected one of {', '.join(AUGMENTATIONS)}")
-    policy = bench_policy() if policy is None else policy
-    ds = tf.data.Dataset.from_tensor_slices(
-        (tf_paths(images.files), np.asarray(images.labels, np.int32))
+    kwargs = policy.image_data_generator_kwargs() if policy is not None else {}
+    generator = tf.keras.preprocessing.image.ImageDataGenerator(**kwargs)
+    return generator.flow_from_directory(
+        str(directory),
+        target_size=(image_size, image_size),
+        batch_size=batch_size,
+        class_mode="sparse",
+        shuffle=shuffle,
+        seed=seed,
+        interpolation="bilinear",
     )
-    if not cache:
-        ds = ds.shuffle(len(images), seed=seed)
-    order = {"num_parallel_calls": tf.data.AUTOTUNE, "deterministic": False} if parallel else {}
-    plain = tf.autograph.experimental.do_not_convert  # plain TensorFlow code: nothing to convert
-    ds = ds.map(plain(lambda p, y: (load_image(p, image_size), y)), **order)
-    if cache:
-        ds = ds.cache().shuffle(len(images), seed=seed)
-    ds = ds.batch(batch_size)
-    if augment == "keras-layers":
-        layers = keras_augmentation(policy, seed)
-        ds = ds.map(plain(lambda x, y: (layers(tf.cast(x, tf.float32), training=True), y)), **order)
-    elif augment != "none":
-        kernel = "xla" if augment == "fused-xla" else "op"
-
-        def fused(step, batch):
-            step_seed = tf.stack([tf.constant(seed, tf.int64), step])
-            return augment_batch(batch[0], policy, step_seed, kernel), batch[1]
-
-        ds = ds.enumerate().map(plain(fused), **order)
-    return ds.prefetch(tf.data.AUTOTUNE) if prefetch else ds
 
 
 def _input_data_variant(splits, image_size, batch_size, steps, cache: str, **kw) -> Variant:
@@ -267,7 +259,6 @@ def _input_data_variant(splits, image_size, batch_size, steps, cache: str, **kw)
 def _pipeline_variants(data_dir: Path, image_size: int, batch_size: int):
     import tensorflow as tf
 
-    from mdtrain import legacy
     from mdtrain.data import load_splits, resolve_layout, tf_paths
     from mdtrain.pipeline import AUTOTUNE, load_image
 
@@ -279,7 +270,7 @@ def _pipeline_variants(data_dir: Path, image_size: int, batch_size: int):
     files = splits.train.files
     steps = -(-len(files) // batch_size)
     policy = bench_policy()
-    idg = legacy.flow_from_directory(train_dir, image_size, batch_size, policy)
+    idg = image_data_generator(train_dir, image_size, batch_size, policy)
 
     def raw():
         ds = tf.data.Dataset.from_tensor_slices(tf_paths(files))
@@ -313,77 +304,6 @@ def _pipeline_variants(data_dir: Path, image_size: int, batch_size: int):
         "tfdata_cached": _input_data_variant(*args, "memory", augment=None),
     }
     return variants, len(files)
-
-
-#: tf.data built one optimisation at a time, for `stage_benchmark` (notebook 02).
-STEP_BY_STEP = {
-    "1 sequential map": dict(parallel=False, prefetch=False, augment="none"),
-    "2 parallel map": dict(prefetch=False, augment="none"),
-    "3 + cache (2nd epoch)": dict(prefetch=False, cache=True, augment="none"),
-    "4 + prefetch": dict(cache=True, augment="none"),
-    "5 + Keras layers augmentation": dict(cache=True, augment="keras-layers"),
-    "6 + fused pass (TF op)": dict(cache=True, augment="fused-op"),
-    "7 + fused pass (XLA)": dict(cache=True, augment="fused-xla"),
-}
-
-
-def stage_benchmark(
-    images: ImageList,
-    image_size: int,
-    batch_size: int,
-    stages: dict | None = None,
-    repeats: int = 1,
-) -> dict[str, float]:
-    """Images per second of `tfdata_stage` configurations, whole epochs, in the order given.
-
-    Args:
-        images: an `ImageList`.
-        image_size: output side in pixels.
-        batch_size: images per batch.
-        stages: `{name: tfdata_stage keyword arguments}`. Defaults to `STEP_BY_STEP`.
-        repeats: timed epochs per stage (median kept). Defaults to 1.
-
-    Returns:
-        `{name: images per second}` in the order given. Every stage is timed
-        over a whole epoch after one untimed epoch; cached stages on a later
-        epoch (read from the cache, its shuffle buffer's fill included).
-    """
-    check_positive(image_size=image_size, batch_size=batch_size, repeats=repeats)
-    steps = -(-len(images) // batch_size)
-    variants = {}
-    for name, kw in (stages or STEP_BY_STEP).items():
-        ds = tfdata_stage(images, image_size, batch_size, **kw)
-        variants[name] = whole_epochs(lambda ds=ds: iter(ds), steps)
-    return {name: round(m["median"], 1) for name, m in measure(variants, repeats).items()}
-
-
-def distributed_rate(strategy: tf.distribute.Strategy, ds: tf.data.Dataset, batches: int) -> float:
-    """Images per second pulled through `strategy.experimental_distribute_dataset(ds)`.
-
-    Args:
-        strategy: the strategy whose replicas get the batches.
-        ds: a dataset of `(images, labels)` global batches, at least `batches + 1`.
-        batches: batches timed, after one untimed (start-up).
-
-    Returns:
-        Images per second over the timed batches.
-
-    Raises:
-        UsageError: when `ds` ends before `batches + 1` batches.
-    """
-    iterator = iter(strategy.experimental_distribute_dataset(ds))
-    start, n = time.perf_counter(), 0
-    for i in range(batches + 1):
-        try:
-            labels = next(iterator)[1]
-        except StopIteration:
-            raise UsageError(f"the dataset ended after {i} batches; "
-                             f"{batches + 1} are needed") from None  # fmt: skip
-        if i == 0:  # start-up excluded
-            start = time.perf_counter()
-            continue
-        n += sum(int(t.shape[0]) for t in strategy.experimental_local_results(labels))
-    return n / (time.perf_counter() - start)
 
 
 def _ratios(measured: dict) -> dict[str, dict]:
@@ -476,3 +396,31 @@ def _pipeline_rates(measured: dict[str, dict], cpu_count: int) -> dict:
         "goals_met": {k: ratios[k]["median"] >= g for k, g in GOALS.items()},
         "runs": {name: m["runs"] for name, m in measured.items()},
     }
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python benchmarks/pipeline.py`: runs `pipeline_benchmark` with the command's options."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", help="dataset folder: class folders, or train/ and val/ "
+                        "(default: 1500 JPEGs made in data/bench on first use)")  # fmt: skip
+    parser.add_argument("--image-size", type=int, default=224, help="output side, pixels")
+    parser.add_argument("--batch-size", type=int, default=32, help="images per batch")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="timed epochs per variant, interleaved")  # fmt: skip
+    parser.add_argument("--output", help="a folder for pipeline.json and pipeline.png, or a "
+                        ".json path (default: nothing written)")  # fmt: skip
+    parser.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    args = parser.parse_args(argv)
+    check_positive(image_size=args.image_size, batch_size=args.batch_size, repeats=args.repeats)
+    bench_data(args.data)  # bad input: one line, before TensorFlow starts
+    from mdtrain.tf_import import import_tensorflow
+
+    import_tensorflow()  # quietly: no TensorFlow C++ start-up chatter
+    result = pipeline_benchmark(args.data, args.image_size, args.batch_size, args.repeats,
+                                args.output)  # fmt: skip
+    if args.json:
+        print(json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    run_main(main)
