@@ -80,8 +80,13 @@ import json, sys
 import keras
 from mdtrain import backup
 from mdtrain.errors import UsageError
-from mdtrain.numerics import max_weight_difference
+import numpy as np
 from mdtrain.training import TrainConfig, train
+
+def max_weight_difference(a_file, b_file):  # largest |a - b| relative to each tensor's scale
+    a, b = (keras.saving.load_model(f, compile=False).get_weights() for f in (a_file, b_file))
+    return max(float(np.max(np.abs(x - y), initial=0.0)) / max(float(np.max(np.abs(y))), 1e-12)
+               for x, y in zip(a, b, strict=True))
 
 data, work = sys.argv[1], sys.argv[2]
 base = dict(data=data, image_size=16, epochs=3, global_batch_size=8, strategy="one",

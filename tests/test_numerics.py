@@ -6,32 +6,39 @@ kinks turn rounding into differences as large as reordering a batch gives), and
 train EfficientNetV2's head on its frozen, random base;
 the baselines (Keras' own loss scaling, the naive global-batch division) train
 a CNN without normalization, so that only the loss scale
-differs. Every distributed case runs in ONE subprocess (`_SCRIPT`, with
-`cpu:4`) that prints its measurements as JSON; the tests below assert on
-them. Tiny images, one or two epochs: the point is the arithmetic.
+differs. The exact cases run in ONE subprocess (`_SCRIPT`, with `cpu:4`), the
+baselines in another (`_BASELINES`), once with TensorFlow's oneDNN CPU kernels
+and once without (`TF_ENABLE_ONEDNN_OPTS=0`): plain Keras code never gets an
+empty replica slice there, which oneDNN fails on, on AVX-512 CPUs only
+(tensorflow/tensorflow#112639). Each prints its measurements as JSON; the
+tests below assert on them. Tiny images, one or two epochs: the point is the
+arithmetic. The experiment itself is `tests/numerics_harness.py`.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from mdtrain.numerics import Comparison, max_relative_difference
+TESTS = Path(__file__).resolve().parent
 
 EXACT = 1e-4  # float32 rounding of a different summation order stays far below this
 WRONG = 1e-3  # a wrong loss scale moves the weights far more than this
 
 _SCRIPT = textwrap.dedent(
     """
-    import json
+    import json, sys
+    sys.path.insert(0, sys.argv[1])  # tests/, for the harness
     from mdtrain.distribute import BatchGeometry, configure_devices
     configure_devices("cpu:4")
-    from mdtrain import numerics as nm
+    import numerics_harness as nm
 
     strategies = nm.side_by_side_strategies((1, 2, 4))
     out = {"shapes": {}, "runs": {}}
@@ -73,13 +80,6 @@ _SCRIPT = textwrap.dedent(
     # EfficientNetV2 from random weights: only its head trains, on a frozen base.
     runs("v2-scratch", lite, [(2, "exact", "fit")], epochs=1, model="efficientnetv2-b0",
          learning_rate=0.01)
-    # The common rules, on a model without normalization: only the loss scale differs.
-    runs("partial-baseline", nm.fixed_dataset(31, 16), [
-        (4, "keras_fit", "fit"), (4, "naive_global_batch", "custom"),
-    ], epochs=1, global_batch_size=16)
-    runs("small-baseline", nm.fixed_dataset(5, 16), [
-        (4, "keras_fit", "fit"), (4, "naive_global_batch", "custom"),
-    ], epochs=2, global_batch_size=16)
     # fit and the custom loop must run the very same computation, bit for bit.
     partial = nm.fixed_dataset(31, 16)
     fit, custom = (
@@ -92,14 +92,54 @@ _SCRIPT = textwrap.dedent(
 )
 
 
-@pytest.fixture(scope="module")
-def measured() -> dict:
+# The common rules, on a model without normalization: only the loss scale differs.
+# 31 examples in batches of 16 end with 15 (4+4+4+3); 7 examples are one uneven
+# batch (2+2+2+1): never an empty slice, which would fail in oneDNN's kernels.
+_BASELINES = textwrap.dedent(
+    """
+    import json, sys
+    sys.path.insert(0, sys.argv[1])  # tests/, for the harness
+    from mdtrain.distribute import configure_devices
+    configure_devices("cpu:4")
+    import numerics_harness as nm
+
+    strategies = nm.side_by_side_strategies((1, 4))
+    out = {}
+    for name, n, epochs in (("partial-baseline", 31, 1), ("small-baseline", 7, 2)):
+        dataset = nm.fixed_dataset(n, 16)
+        ref = nm.train_weights(strategies[1], dataset, epochs=epochs)
+        for loss, loop in (("keras_fit", "fit"), ("naive_global_batch", "custom")):
+            try:
+                got = nm.train_weights(strategies[4], dataset, loss=loss, loop=loop,
+                                       epochs=epochs, global_batch_size=16)
+                result = [nm.max_relative_difference(got, ref), None]
+            except Exception as error:
+                result = [None, f"{type(error).__name__}: {str(error)[:300]}"]
+            out[f"{name} 4 {loss} {loop}"] = result
+    print("RESULT " + json.dumps({"runs": out}))
+    """
+)
+
+
+def _measure(script: str, **env: str) -> dict:
     proc = subprocess.run(
-        [sys.executable, "-c", _SCRIPT], capture_output=True, text=True, timeout=2400
-    )
+        [sys.executable, "-c", script, str(TESTS)],
+        capture_output=True, text=True, timeout=2400, env={**os.environ, **env},
+    )  # fmt: skip
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, proc.stderr[-3000:]
     return json.loads(lines[-1][len("RESULT ") :])
+
+
+@pytest.fixture(scope="module")
+def measured() -> dict:
+    return _measure(_SCRIPT)
+
+
+@pytest.fixture(scope="module", params=["1", "0"], ids=["onednn", "no-onednn"])
+def baselines(request) -> dict:
+    """The baselines with TensorFlow's oneDNN CPU kernels on, then off: same verdicts."""
+    return _measure(_BASELINES, TF_ENABLE_ONEDNN_OPTS=request.param)
 
 
 def _run(measured, key):
@@ -188,24 +228,25 @@ def test_fit_on_dataset_smaller_than_one_global_batch(measured):
 @pytest.mark.parametrize(
     "key", ["partial-baseline 4 keras_fit fit", "partial-baseline 4 naive_global_batch custom"]
 )
-def test_naive_loss_scaling_is_wrong_on_a_partial_batch(measured, key):
+def test_naive_loss_scaling_is_wrong_on_a_partial_batch(baselines, key):
     """Both common rules run here, and land far from 1 replica: the exact tests mean something."""
-    difference, error = _run(measured, key)
+    difference, error = _run(baselines, key)
     assert error is None, error
     assert difference > WRONG
 
 
 @pytest.mark.slow
-def test_naive_loss_scaling_is_wrong_on_a_tiny_dataset(measured):
-    difference, error = _run(measured, "small-baseline 4 naive_global_batch custom")
+def test_naive_loss_scaling_is_wrong_on_a_tiny_dataset(baselines):
+    """7 examples, fewer than one global batch of 16: divided by 16, the step is 7/16 too small."""
+    difference, error = _run(baselines, "small-baseline 4 naive_global_batch custom")
     assert error is None, error
     assert difference > WRONG
 
 
 @pytest.mark.slow
-def test_keras_fit_fails_on_an_uneven_first_batch(measured):
+def test_keras_fit_fails_on_an_uneven_first_batch(baselines):
     """Keras' fit reduces a sample of the first batch across replicas (keras-team/keras#19246)."""
-    difference, error = _run(measured, "small-baseline 4 keras_fit fit")
+    difference, error = _run(baselines, "small-baseline 4 keras_fit fit")
     assert difference is None, "Keras' fit ran: the test's premise changed"
     assert error.startswith("InvalidArgumentError") and "AddN" in error, error
 
@@ -216,16 +257,11 @@ def test_fit_and_custom_loop_give_identical_weights(measured):
 
 
 def test_max_relative_difference():
+    from tests.numerics_harness import max_relative_difference
+
     a = [np.array([1.0, -2.0]), np.array([[4.0]])]
     assert max_relative_difference(a, a) == 0.0
     b = [np.array([1.0, -2.2]), np.array([[4.0]])]
     assert max_relative_difference(b, a) == pytest.approx(0.1)
     with pytest.raises(ValueError):
         max_relative_difference(a, a[:1])
-
-
-def test_comparison_text():
-    assert "FAILED: InvalidArgumentError" in str(
-        Comparison(4, "keras_fit", "fit", None, "InvalidArgumentError: x")
-    )
-    assert "1.2e-05" in str(Comparison(2, "exact", "custom", 1.2e-5))

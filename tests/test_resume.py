@@ -73,7 +73,7 @@ def reference_run(tmp_path_factory) -> Path:
 
 
 def max_relative_difference(a_file: Path, b_file: Path) -> float:
-    from mdtrain.numerics import max_weight_difference
+    from tests.numerics_harness import max_weight_difference
 
     return max_weight_difference(a_file, b_file)
 
