@@ -34,7 +34,7 @@ def probabilities_dtype() -> str:
     """The softmax's dtype: float32 at least (float16 loses small probabilities), else float64.
 
     Returns:
-        `"float64"` under a float64 dtype policy (`numerics.train_weights(dtype=...)`),
+        `"float64"` under a float64 dtype policy (as `tests/numerics_harness.py` trains),
         otherwise `"float32"`.
     """
     return "float64" if keras.config.dtype_policy().compute_dtype == "float64" else "float32"
