@@ -123,7 +123,7 @@ class _TensorFlowImport(importlib.abc.MetaPathFinder):
         return spec
 
 
-def _selects_only_fast(markexpr: str) -> bool:
+def selects_only_fast(markexpr: str) -> bool:
     """Whether `-m markexpr` selects only tests marked `fast` (`fast`, `fast and not gpu`)."""
     if not markexpr:
         return False
@@ -141,7 +141,7 @@ def _selects_only_fast(markexpr: str) -> bool:
 
 
 def pytest_configure(config):
-    config.stash[FAST_TIER] = _selects_only_fast(config.option.markexpr)
+    config.stash[FAST_TIER] = selects_only_fast(config.option.markexpr)
     finder = _TensorFlowImport()
     if "tensorflow" not in sys.modules:  # imported by a plugin: too late to watch it
         finder.refuse = config.stash[FAST_TIER]

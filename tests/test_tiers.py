@@ -13,7 +13,9 @@ import os
 import subprocess
 import sys
 
-from tests.conftest import CPU_DEVICES, REPO
+import pytest
+
+from tests.conftest import CPU_DEVICES, REPO, selects_only_fast
 
 # Collects the fast tier in a fresh process, then lists what it holds of TensorFlow and Keras.
 _COLLECT = """
@@ -40,3 +42,18 @@ def test_tensorflow_starts_with_the_virtual_cpus_of_conftest():
     import tensorflow as tf
 
     assert len(tf.config.list_logical_devices("CPU")) == CPU_DEVICES
+
+
+@pytest.mark.parametrize(
+    ("markexpr", "fast_tier"),
+    [
+        ("fast", True),
+        ("fast and not gpu", True),
+        ("", False),  # the README's command: everything
+        ("not slow", False),  # selects tests that are not fast too
+        ("fast or notebooks", False),
+        ("not fast", False),
+    ],
+)
+def test_which_mark_expressions_collect_only_the_fast_tier(markexpr, fast_tier):
+    assert selects_only_fast(markexpr) is fast_tier
