@@ -7,10 +7,11 @@ Two tiers, one suite:
 - `pytest -m fast` runs the fast tier in a few minutes: every test not marked
   `slow`, `browser`, `gpu` or `notebooks`, from the test modules that import
   without TensorFlow. While the fast tier is collected, `import tensorflow`
-  is refused, so a module that needs it at import is reported as skipped
-  (one line each) instead of costing TensorFlow's start-up; its tests run in
-  the full suite. Tests of the fast tier may still use TensorFlow inside the
-  test. `tests/test_tiers.py` checks both.
+  is refused, so a module that needs it at import is skipped (one summary
+  line counts them) instead of costing TensorFlow's start-up; its tests run
+  in the full suite. No list to keep: a new module joins the tier it imports
+  for. Tests of the fast tier may still use TensorFlow inside the test.
+  `tests/test_tiers.py` checks both.
 
 The test process gets 4 virtual CPU devices the moment anything imports
 TensorFlow (a test, a fixture, a test module, mdtrain itself), before any
@@ -42,9 +43,8 @@ CPU_DEVICES = 4
 #: Marks that keep a test out of the fast tier.
 NOT_FAST = ("slow", "browser", "gpu", "notebooks")
 
-#: Whether this session runs the fast tier, and whether TensorFlow was imported at collection.
+#: Whether this session runs the fast tier (`-m fast`).
 FAST_TIER = pytest.StashKey[bool]()
-TENSORFLOW_AT_COLLECTION = pytest.StashKey[bool]()
 _FINDER = pytest.StashKey["_TensorFlowImport"]()
 
 
@@ -181,7 +181,6 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_collection_finish(session):
-    session.config.stash[TENSORFLOW_AT_COLLECTION] = "tensorflow" in sys.modules
     session.config.stash[_FINDER].refuse = False  # tests of the fast tier may use TensorFlow
 
 
