@@ -1,11 +1,34 @@
-"""Shared fixtures: small real image datasets on disk, made once per test session."""
+"""Shared fixtures (small real image datasets on disk), the fast tier, and TensorFlow's devices.
+
+Two tiers, one suite:
+
+- `MDTRAIN_SMOKE=1 pytest` (the README's command) runs everything: unit and
+  integration tests, the wheel, the browser test and every notebook.
+- `pytest -m fast` runs the fast tier in a few minutes: every test not marked
+  `slow`, `browser`, `gpu` or `notebooks`, from the test modules that import
+  without TensorFlow. While the fast tier is collected, `import tensorflow`
+  is refused, so a module that needs it at import is skipped (one summary
+  line counts them) instead of costing TensorFlow's start-up; its tests run
+  in the full suite. No list to keep: a new module joins the tier it imports
+  for. Tests of the fast tier may still use TensorFlow inside the test.
+  `tests/test_tiers.py` checks both.
+
+The test process gets 4 virtual CPU devices the moment anything imports
+TensorFlow (a test, a fixture, a test module, mdtrain itself), before any
+TensorFlow work, so any test can build a `cpu:2` or `cpu:4` MirroredStrategy
+in this process, whatever ran before it. A session that never imports
+TensorFlow never pays for it.
+"""
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.util
 import os
 import shutil
 import subprocess
 import sys
+from importlib import metadata
 from pathlib import Path
 
 import pytest
@@ -13,6 +36,16 @@ import pytest
 from mdtrain.sources import make_synthetic_dataset
 
 REPO = Path(__file__).resolve().parents[1]
+
+#: The virtual CPU devices of the test process.
+CPU_DEVICES = 4
+
+#: Marks that keep a test out of the fast tier.
+NOT_FAST = ("slow", "browser", "gpu", "notebooks")
+
+#: Whether this session runs the fast tier (`-m fast`).
+FAST_TIER = pytest.StashKey[bool]()
+_FINDER = pytest.StashKey["_TensorFlowImport"]()
 
 
 @pytest.fixture(scope="session")
@@ -40,22 +73,115 @@ def messy_dataset(tmp_path_factory, tiny_dataset) -> Path:
     return root
 
 
-def pytest_configure(config):
-    """Four virtual CPU devices for every in-process TensorFlow test, made before TensorFlow starts.
+# --- TensorFlow: devices on first import, none while the fast tier is collected ------------
 
-    Virtual devices can only be configured once per process, before any
-    TensorFlow work; doing it here lets any test build a `cpu:2` or `cpu:4`
-    MirroredStrategy in this process, whatever ran before it.
+
+def _configure_devices(tf) -> None:
+    """What `mdtrain.configure_devices("cpu:4")` sets, then the devices are started.
+
+    Runs inside the first `import tensorflow`, which may come from mdtrain's own
+    modules half-way through their import, so it uses TensorFlow's calls only.
+    Starting the devices here fixes them: a later `configure_devices("cpu:2")`
+    finds 4 CPUs and keeps them.
     """
-    from mdtrain.distribute import configure_devices
+    for gpu in tf.config.list_physical_devices("GPU"):
+        tf.config.experimental.set_memory_growth(gpu, True)
+    (cpu, *_) = tf.config.list_physical_devices("CPU")
+    tf.config.set_logical_device_configuration(
+        cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(CPU_DEVICES)]
+    )
+    os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    tf.config.threading.set_intra_op_parallelism_threads(max(1, (cores or 1) // CPU_DEVICES))
+    tf.config.list_logical_devices("CPU")  # starts the devices
 
-    configure_devices("cpu:4")
+
+class _TensorFlowImport(importlib.abc.MetaPathFinder):
+    """Sees the process's first `import tensorflow`: refuses it, or configures devices after it."""
+
+    def __init__(self) -> None:
+        self.refuse = False  # True while the fast tier is collected
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "tensorflow":
+            return None
+        if self.refuse:  # a module-level skip: pytest reports the module as skipped
+            raise pytest.skip.Exception(
+                "imports TensorFlow at collection: runs in the full suite only",
+                allow_module_level=True,
+            )
+        sys.meta_path.remove(self)  # the first import only
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.loader is not None:
+            exec_module = spec.loader.exec_module
+
+            def exec_then_configure(module) -> None:
+                exec_module(module)
+                _configure_devices(module)
+
+            spec.loader.exec_module = exec_then_configure
+        return spec
+
+
+def selects_only_fast(markexpr: str) -> bool:
+    """Whether `-m markexpr` selects only tests marked `fast` (`fast`, `fast and not gpu`)."""
+    if not markexpr:
+        return False
+    try:
+        from _pytest.mark.expression import Expression
+    except ImportError:  # pytest moved it: the plain form still works
+        return markexpr.strip() == "fast"
+    expression = Expression.compile(markexpr)
+
+    def without_fast(others_present: bool):
+        return lambda name, /, **_: name != "fast" and others_present
+
+    # Nothing is selected without `fast`, whether every other mark is present or none is.
+    return not any(expression.evaluate(without_fast(present)) for present in (True, False))
+
+
+def pytest_configure(config):
+    config.stash[FAST_TIER] = selects_only_fast(config.option.markexpr)
+    finder = _TensorFlowImport()
+    if "tensorflow" not in sys.modules:  # imported by a plugin: too late to watch it
+        finder.refuse = config.stash[FAST_TIER]
+        sys.meta_path.insert(0, finder)
+    config.stash[_FINDER] = finder
+
+
+def pytest_report_header(config):
+    import mdtrain
+
+    versions = []
+    for label, names in (("TensorFlow", ("tensorflow", "tensorflow-cpu")), ("Keras", ("keras",))):
+        found = [v for v in map(_version, names) if v]
+        versions.append(f"{label} {found[0] if found else 'not installed'}")
+    tier = "the fast tier (-m fast)" if config.stash[FAST_TIER] else "all tiers"
+    return [
+        f"mdtrain {mdtrain.__version__} from {Path(mdtrain.__file__).parent}",
+        f"{', '.join(versions)}, Python {sys.version.split()[0]}; {tier}",
+    ]
+
+
+def _version(distribution: str) -> str | None:
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return None
 
 
 def pytest_collection_modifyitems(config, items):
     for item in items:  # nbval's items: `-m "not notebooks"` leaves them out
         if item.path.suffix == ".ipynb":
             item.add_marker(pytest.mark.notebooks)
+    if config.stash[FAST_TIER]:  # every module collected here imported without TensorFlow
+        for item in items:
+            if not any(item.get_closest_marker(name) for name in NOT_FAST):
+                item.add_marker(pytest.mark.fast)
+
+
+def pytest_collection_finish(session):
+    session.config.stash[_FINDER].refuse = False  # tests of the fast tier may use TensorFlow
 
 
 def run_mdtrain(*args: str, timeout: float = 600, env: dict | None = None, cwd=None):

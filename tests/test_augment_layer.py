@@ -122,6 +122,7 @@ def test_config_round_trip_leaves_the_config_as_it_was():
     assert (layer.policy, layer.seed, layer.name) == (POLICY, 7, "augment")
 
 
+@pytest.mark.slow
 def test_mdtrain_predict_loads_a_model_that_holds_the_layer(tmp_path, tiny_dataset):
     model = _model(32)
     model.save(tmp_path / "model.keras")

@@ -35,6 +35,7 @@ def _assert_usage_error(proc, fragment: str) -> None:
     assert "Traceback" not in proc.stdout + proc.stderr
 
 
+@pytest.mark.slow
 def test_data_synth_then_check_json(tmp_path):
     proc = run_mdtrain("data", "synth", str(tmp_path / "d"), "--classes", "2", "--per-class", "5",
                        "--image-size", "40")  # fmt: skip
@@ -183,6 +184,7 @@ def test_imagenet_weights_offline_is_a_clear_error(tiny_dataset):
     _assert_usage_error(proc, "could not download the ImageNet weights")
 
 
+@pytest.mark.slow
 def test_a_truncated_jpeg_is_reported_once_without_libjpegs_own_lines(tiny_dataset, tmp_path):
     data = tmp_path / "d"
     shutil.copytree(tiny_dataset / "train", data)

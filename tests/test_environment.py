@@ -34,3 +34,27 @@ def test_tensorflow_is_not_a_base_dependency():
     # Kaggle and Colab ship their own TensorFlow; installing mdtrain must not replace it.
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     assert not any(_name(r).startswith("tensorflow") for r in project["dependencies"])
+
+
+def _minor_release(version: tuple[int, int], step: int = 0) -> str:
+    major, minor = version
+    return f"{major}.{minor + step}.0"
+
+
+def test_the_cpu_and_gpu_extras_state_the_tested_range():
+    from packaging.requirements import Requirement
+
+    from mdtrain.versions import TESTED
+
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    for extra in ("cpu", "gpu"):
+        requirements = [Requirement(r) for r in extras["optional-dependencies"][extra]]
+        for library, (oldest, newest) in TESTED.items():
+            (specifier,) = [r.specifier for r in requirements if r.name.startswith(library)]
+            admitted = [
+                specifier.contains(_minor_release(oldest, -1)),
+                specifier.contains(_minor_release(oldest)),
+                specifier.contains(_minor_release(newest)),
+                specifier.contains(_minor_release(newest, 1)),
+            ]
+            assert admitted == [False, True, True, False], (extra, library, str(specifier))

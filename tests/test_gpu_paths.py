@@ -165,13 +165,17 @@ def test_the_auto_policy_trains_a_step(kinds):
 
 
 def test_local_device_kinds_on_this_machine():
-    pytest.importorskip("tensorflow")
+    """The test process's devices: conftest's 4 virtual CPUs, then each GPU TensorFlow finds."""
+    tf = pytest.importorskip("tensorflow")
     from mdtrain.precision import local_device_kinds
 
+    gpus = len(tf.config.list_physical_devices("GPU"))
     kinds = local_device_kinds()
-    assert "CPU" in kinds
-    expected = "mixed_float16" if "GPU" in kinds else "mixed_bfloat16"
-    assert choose_policy("auto", kinds) == expected
+    assert kinds == ["CPU", "CPU", "CPU", "CPU"] + ["GPU"] * gpus
+    if gpus:
+        assert choose_policy("auto", kinds) == "mixed_float16"
+    else:
+        assert choose_policy("auto", kinds) == "mixed_bfloat16"
 
 
 # --- NVML reader and sampler -----------------------------------------------------------

@@ -144,6 +144,7 @@ def test_per_class_recall():
     assert np.isnan(recall[3])
 
 
+@pytest.mark.slow
 def test_fit_and_score_runs_weighted(strategy, subset):
     from mdtrain.imbalance import balanced_class_weights, balanced_dataset, fit_and_score
     from mdtrain.pipeline import InputData

@@ -47,6 +47,7 @@ def test_serve_refuses_a_task_that_is_not_ps_or_worker(monkeypatch):
         ps.serve()
 
 
+@pytest.mark.slow  # each case starts the chief, and TensorFlow, in a subprocess
 @pytest.mark.parametrize(
     "args, line",
     [
