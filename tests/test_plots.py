@@ -126,7 +126,7 @@ def test_side_by_side_augmentations_two_3x4_grids():
     fig = plots.side_by_side_augmentations(_images(1)[0], _images(12), _images(12))
     assert len(fig.axes) == 1 + 12 + 12
     titles = {ax.get_title() for ax in fig.axes}
-    assert {"original", "ImageDataGenerator", "tf.data (mdtrain.augment)"} <= titles
+    assert {"original", "ImageDataGenerator", "mdtrain.augment_batch"} <= titles
 
 
 def _slices(fig) -> list[tuple[float, float]]:

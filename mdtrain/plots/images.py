@@ -126,7 +126,7 @@ def side_by_side_augmentations(
     original,
     ours,
     idg,
-    titles: tuple[str, str] = ("tf.data (mdtrain.augment)", "ImageDataGenerator"),
+    titles: tuple[str, str] = ("mdtrain.augment_batch", "ImageDataGenerator"),
 ) -> Figure:
     """Two grids of augmentations of one image, side by side, to compare two pipelines.
 
