@@ -71,7 +71,9 @@ def image_grid(
         order, rows = _class_rows(labels, marks, per_class)
         ncols = per_class
     left = 0.0 if rows is None else 0.12 * max(len(class_names[i]) for i in set(labels))
-    fig, axes = axes_grid(len(order), ncols, title=title, rows=rows, left=left)
+    # A row per class holds more images than a batch grid: smaller cells keep the figure small.
+    cell = 1.3 if rows is None else 0.95
+    fig, axes = axes_grid(len(order), ncols, cell=cell, title=title, rows=rows, left=left)
     for ax, i in zip(axes, order, strict=True):
         color = None if marks is None else (RIGHT_COLOR if marks[i] else WRONG_COLOR)
         text = class_names[names[i]] if (rows is None or predicted is not None) else None
