@@ -2,8 +2,9 @@
 
 EfficientNet-Lite0 is EfficientNet-B0 made for phones and CPUs: no
 squeeze-and-excitation, ReLU6 instead of swish, and a stem (32 filters) and
-head (1280 filters) that do not scale. 4.7 M parameters, about 75 % ImageNet
-top-1 accuracy at 224 px.
+head (1280 filters) that do not scale. 4.7 M parameters with its ImageNet
+classifier, 3.4 M without (`imagenet_base`); about 75 % ImageNet top-1
+accuracy at 224 px.
 
 **Input scaling.** The weights were trained (by Google, in TensorFlow) on
 pixels scaled as ``(x - 127) / 128``, i.e. about [-1, 1]. The model built here
@@ -441,45 +442,79 @@ def imagenet_class_names() -> list[str]:
     return names
 
 
-def choose_pretrained(preferred: str, image_size: int) -> tuple[str, str | None]:
-    """The network to fine-tune: `preferred` where its ImageNet weights load, else Lite0.
+def imagenet_base(image_size: int | None = 224, name: str = "efficientnet-lite0"):
+    """EfficientNet-Lite0's feature extractor with ImageNet weights: no download, no classifier.
 
-    Keras downloads EfficientNetV2's ImageNet weights on first use (Kaggle,
-    Colab); without network that fails, and EfficientNet-Lite0, whose weights
-    come from an installed package, takes its place.
+    What `keras.applications.EfficientNetV2B0(include_top=False,
+    weights="imagenet", pooling="avg")` gives, for this network: 0–255 images
+    in (it scales them itself), 1280 pooled features out. The weights come
+    from the installed package (converted once and cached, `cache_dir`).
 
     Args:
-        preferred: a model name from `mdtrain.choices.MODELS`.
-        image_size: the input side the model will be built with.
+        image_size: side of the square input; None for any size. Defaults to 224.
+        name: the model's name. Defaults to `"efficientnet-lite0"`.
 
     Returns:
-        `(name, note)`: `note` is None when `preferred` is used, else one line
-        saying why Lite0 is used instead.
+        A functional model, trainable, not compiled.
 
     Raises:
-        UsageError: if neither `preferred`'s weights nor the Lite0 package is
-            available (the message says what to install).
+        UsageError: if the weights package is not installed.
 
     Example:
 
-    >>> choose_pretrained("efficientnetv2-b0", 96)  # doctest: +SKIP
-    ('efficientnet-lite0', 'efficientnetv2-b0: no ImageNet weights (no network?); ...')
+    >>> base = imagenet_base(96)  # doctest: +SKIP
+    >>> base.output_shape
+    (None, 1280)
     """
-    import contextlib
-    import io
+    base = imagenet_classifier(image_size).get_layer("base")
+    base.name = name
+    return base
 
-    from mdtrain.choices import LITE0
-    from mdtrain.models import build_model
 
-    if preferred == LITE0:
-        return preferred, None
-    try:
-        with contextlib.redirect_stdout(io.StringIO()):  # Keras' "Downloading data from ..."
-            build_model(preferred, 2, image_size, weights="imagenet")
-        return preferred, None
-    except UsageError:
-        lite0_torch_file()  # neither: say what to install
-        return LITE0, (
-            f"{preferred}: its ImageNet weights cannot be downloaded here (no network?); "
-            f"using {LITE0}, whose ImageNet weights come with the installed package"
-        )
+def _is_failed_download(error: BaseException) -> bool:
+    # Keras' get_file turns a URLError into Exception("URL fetch failure on ...") raised
+    # from the URLError's handler; a socket error (OSError) may also come through as is.
+    while error is not None:
+        if isinstance(error, OSError) or str(error).startswith("URL fetch failure"):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
+def offline_base(error: Exception, image_size: int | None = 224, name: str = "efficientnet-lite0"):
+    """EfficientNet-Lite0's ImageNet base, in place of a Keras application that failed to download.
+
+    A `keras.applications` model with `weights="imagenet"` downloads its
+    weights on first use: on Kaggle and Colab that works; without network
+    it raises. Catch that error and pass it here: if it is a failed
+    download, this prints one line saying so and returns `imagenet_base`;
+    any other error (a wrong argument, say) is raised again unchanged.
+
+    Args:
+        error: what the Keras application raised.
+        image_size: side of the square input. Defaults to 224.
+        name: the base's name. Defaults to `"efficientnet-lite0"`.
+
+    Returns:
+        `imagenet_base(image_size, name)`.
+
+    Raises:
+        Exception: `error` itself, when it is not a failed download.
+        UsageError: if the Lite0 weights package is not installed either.
+
+    Example:
+
+    >>> try:  # doctest: +SKIP
+    ...     base = keras.applications.EfficientNetV2B0(include_top=False, weights="imagenet")
+    ... except Exception as error:
+    ...     base = offline_base(error)
+    """
+    if not _is_failed_download(error):
+        raise error
+    lite0_torch_file()  # without the package either: say what to install, before any work
+    print(
+        "The ImageNet weights cannot be downloaded here (no network): EfficientNet-Lite0, "
+        f"whose ImageNet weights come with the package {WEIGHTS_PACKAGE.replace('_', '-')}, "
+        "takes the base's place"
+    )
+    return imagenet_base(image_size, name)

