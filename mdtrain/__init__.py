@@ -84,11 +84,17 @@ _EXPORTS = {
 __all__ = sorted([*_EXPORTS, "check_versions", "__version__"])
 
 
+#: The documented submodules, importable as attributes too (`mdtrain.plots.image_grid`).
+_SUBMODULES = ("plots", "monitor", "launcher", "lite0")
+
+
 def __getattr__(name: str):
     if name in _EXPORTS:
         value = getattr(importlib.import_module(_EXPORTS[name]), name)
         globals()[name] = value  # later lookups skip this function
         return value
+    if name in _SUBMODULES:
+        return importlib.import_module(f"mdtrain.{name}")  # the import sets the attribute
     raise AttributeError(f"module 'mdtrain' has no attribute {name!r}")
 
 

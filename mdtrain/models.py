@@ -133,7 +133,8 @@ def efficientnetv2(
     base.name = BASE_NAME
     base.trainable = False
     # Keras 3 passes the outer model's `training` to every nested layer, over the
-    # `training=False` below (keras/src/models/functional.py, `operation_fn`), so in
+    # `training=False` below (keras/src/models/functional.py, `operation_fn`;
+    # keras-team/keras#20285), so in
     # `fit` the base's stochastic-depth Dropout layers (`survival_probability`) drop
     # residual branches at random, each replica its own: features differ by ~30 %
     # call to call and no two runs train alike. Rate 0 makes them the identity, as

@@ -245,6 +245,13 @@ def test_sampler_without_gpu_says_so_once(monkeypatch, capsys):
     assert [d.kind for d in s.sample_now().devices] == ["cpu"]
 
 
+def test_a_monitor_that_shows_nothing_says_nothing_about_the_gpu(monkeypatch, capsys):
+    monkeypatch.setattr(sampler_module, "_already_said", set())
+    s = Sampler(0.05, gpu_reader=NoGpuReader(), cpu_reader=FakeCpuReader(), quiet=True)
+    assert capsys.readouterr().err == ""
+    assert not s.has_gpu  # it still samples the CPU alone
+
+
 def test_sampler_history_since():
     clock = FakeClock()
     s = Sampler(1.0, gpu_reader=FakeGpuReader(), cpu_reader=FakeCpuReader(), clock=clock)

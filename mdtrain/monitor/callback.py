@@ -139,7 +139,7 @@ class MonitorCallback(keras.callbacks.Callback):
         if self.sampler is None:
             from mdtrain.monitor.sampler import Sampler
 
-            self.sampler = Sampler(self.interval_s)
+            self.sampler = Sampler(self.interval_s, quiet=self.display == "none")
         if hasattr(self.sampler, "start") and not getattr(self.sampler, "running", False):
             self.sampler.start()
             self._owns_sampler = True

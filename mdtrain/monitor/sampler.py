@@ -46,6 +46,8 @@ class Sampler:
         cpu_reader: Object with ``read() -> DeviceSample``. Defaults to a new
             `CpuReader`.
         clock: Time source for ``Sample.time``. Defaults to ``time.monotonic``.
+        quiet: Say nothing when there is no GPU to sample (a monitor that
+            shows nothing, ``display="none"``). Defaults to ``False``.
 
     Example:
 
@@ -64,6 +66,7 @@ class Sampler:
         gpu_reader=None,
         cpu_reader=None,
         clock: Callable[[], float] = time.monotonic,
+        quiet: bool = False,
     ) -> None:
         if interval_s <= 0:
             raise ValueError(f"interval_s must be > 0, got {interval_s}")
@@ -75,7 +78,7 @@ class Sampler:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        if self._gpu.error:
+        if self._gpu.error and not quiet:
             say_once(f"mdtrain.monitor: {self._gpu.error}; monitoring the CPU only.")
 
     @property
