@@ -134,12 +134,11 @@ def efficientnetv2(
     base.trainable = False
     # Keras 3 passes the outer model's `training` to every nested layer, over the
     # `training=False` below (keras/src/models/functional.py, `operation_fn`;
-    # keras-team/keras#20285), so in
-    # `fit` the base's stochastic-depth Dropout layers (`survival_probability`) drop
-    # residual branches at random, each replica its own: features differ by ~30 %
-    # call to call and no two runs train alike. Rate 0 makes them the identity, as
-    # inference mode means. (Its BatchNormalization is safe: a frozen one always
-    # runs in inference mode.)
+    # keras-team/keras#20285), so in `fit` the base's stochastic-depth Dropout layers
+    # (`survival_probability`) drop residual branches at random, each replica its own:
+    # features differ by ~30 % call to call and no two runs train alike. Rate 0 makes
+    # them the identity, as inference mode means. (Its BatchNormalization is safe: a
+    # frozen one always runs in inference mode.)
     for layer in base.layers:
         if isinstance(layer, layers.Dropout):
             layer.rate = 0.0
