@@ -98,3 +98,25 @@ def test_exact_trainer_class_weights_are_keras_class_weight():
     keras_unweighted = _train_tiny(strategy, batches, None, exact=False)
     assert _max_difference(exact, keras_weighted) < 1e-10
     assert _max_difference(exact, keras_unweighted) > 1e-3
+
+
+@pytest.mark.parametrize("gpus", [0, 1, 2])
+def test_notebook_06_replicas_are_the_gpus_when_there_are_any(gpus):
+    """Notebook 06's strategy runs one replica per GPU, and on virtual CPUs only without one."""
+    import types
+    from pathlib import Path
+
+    import nbformat
+
+    path = Path(__file__).resolve().parents[1] / "notebooks" / "06_class_imbalance.ipynb"
+    source = "\n".join(c.source for c in nbformat.read(path, as_version=4).cells
+                       if c.cell_type == "code")  # fmt: skip
+    assert 'mdtrain.configure_devices("auto", cpu_replicas=2)' in source
+    (line,) = [ln for ln in source.splitlines() if ln.startswith("devices = ")]
+    virtual_cpus = [types.SimpleNamespace(name=f"/device:CPU:{i}") for i in range(2)]
+    found = {"GPU": [types.SimpleNamespace(name=f"/device:GPU:{i}") for i in range(gpus)],
+             "CPU": virtual_cpus if gpus == 0 else virtual_cpus[:1]}  # fmt: skip
+    config = types.SimpleNamespace(list_logical_devices=lambda kind: found[kind])
+    scope = {"tf": types.SimpleNamespace(config=config)}
+    exec(line, scope)
+    assert [d.name for d in scope["devices"]] == [d.name for d in (found["GPU"] or virtual_cpus)]
