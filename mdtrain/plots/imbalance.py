@@ -56,8 +56,9 @@ def replica_class_counts_plot(
     missing from a bar never reached that replica's gradient on that step.
 
     Args:
-        counts: array `(steps, replicas, classes)`, e.g. from
-            `mdtrain.imbalance.replica_class_counts`.
+        counts: array `(steps, replicas, classes)`: examples of each class
+            on each replica at each step (notebook 06 reads them back with
+            `strategy.experimental_local_results`).
         class_names: name of each class index.
         title: figure title. Defaults to None.
 
