@@ -9,7 +9,7 @@ the seconds from process start to the end of the first training step:
   set in memory), first with an empty mdtrain cache folder (the decode check
   scans every file) and then again (the check is remembered);
 - `cache memory`: the decoded training set kept in memory (second run);
-- `before`: the package as it was before issue 12 (`--before REF`, a git
+- `before`: an earlier package (`--before REF`, a git
   commit, run from a temporary worktree): always cached in memory behind a
   dataset-sized shuffle buffer, every file decoded once more to check it.
 
@@ -17,9 +17,9 @@ Usage, from the repository root (about 15 minutes on 2 busy cores):
 
     python benchmarks/memory.py [--before fa0de91] [--output benchmarks/memory.json]
 
-Goals (issue 12): with `cache none`, peak memory differs by at most 15%
-between the two sizes; with the check remembered, the time to the first step
-does not grow with the dataset.
+What to look at: with `cache none`, how much peak memory grows between the two
+sizes; with the check remembered, whether the time to the first step grows
+with the dataset.
 """
 
 from __future__ import annotations
@@ -98,7 +98,7 @@ def _before_tree(ref: str, tmp: Path) -> Path:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--before", help="git commit of the package before issue 12")
+    parser.add_argument("--before", help="git commit of an earlier package to compare with")
     parser.add_argument("--data-root", default=str(REPO / "data" / "memory-bench"))
     parser.add_argument("--output", default=str(REPO / "benchmarks" / "memory.json"))
     parser.add_argument("--worker", help=argparse.SUPPRESS)
