@@ -53,7 +53,7 @@ if TYPE_CHECKING:  # TensorFlow is imported where it is used: `--help` stays lig
 #: the generator has no contrast option, so it runs the rest).
 BENCH_AUGMENT = dict(brightness=(0.8, 1.2), contrast=0.2)
 
-#: Goals, as ratios of images per second: issue 12 (the first two) and issue 5.
+#: Targets the benchmark checks, as ratios of images per second.
 GOALS = {
     "tfdata_vs_keras_directory_layers": 7.0,
     "augment_vs_noaug": 0.8,
