@@ -186,7 +186,9 @@ def test_train_benchmark_reports_ratio_verdict_and_replicas(data, tmp_path):
     assert 0 <= share < 1
     assert r["verdict"].startswith("input-bound" if share >= 0.05 else "compute-bound")
     assert f"{share:.0%} of each step" in r["verdict"]
-    assert r["input_bound_ratio"] == round(r["step_s_real_pipeline"] / r["step_s_cached_batch"], 3)
+    # The ratio of the unrounded step times; the step times are reported to 0.1 ms.
+    ratio = r["step_s_real_pipeline"] / r["step_s_cached_batch"]
+    assert r["input_bound_ratio"] == pytest.approx(ratio, rel=0.02)
     assert r["step_s_1_replica"] > 0 and r["step_s_2_replicas"] > 0
     versus = r["vs_keras_fit"]
     assert {"mdtrain_vs_keras_fit", "mdtrain_one_vs_keras_fit"} <= set(versus["ratios"])
