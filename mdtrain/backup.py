@@ -12,7 +12,8 @@ Layout of `backup_dir` (one folder per save, the newest two kept):
 
     ckpt-00003-000000/   epoch 3 (0-based, next to run), step 0 of it
         net.weights.h5   the network's weights (with BatchNorm statistics)
-        state.npz        optimizer variables and dropout seed-generator states
+        state.npz        optimizer variables, dropout seed-generator states and,
+                         within an epoch, the training metrics' sums and counts
         MANIFEST.json    position, run fingerprint, SHA-256 of the files above
 
 A save is written to a `mdtrain-tmp-*` folder, the manifest last, then
@@ -20,7 +21,10 @@ renamed into place, so a process killed mid-save leaves a `mdtrain-tmp-*`
 folder that is never loaded. On resume the newest `ckpt-*` folder is verified
 file by file; a mismatch is an error (`UsageError`), never a silent fall-back.
 The manifest also keeps the per-epoch history so far, so a resumed run
-reports every epoch. mdtrain removes only folders it could have written
+reports every epoch; with the metric state of a save within an epoch, the
+resumed epoch reports what the uninterrupted run would (a backup made
+before mdtrain kept that state still resumes, its epoch's training figures
+counting only the steps after the resume). mdtrain removes only folders it could have written
 (named as above, holding nothing but its three files): other files in
 `backup_dir` are the user's.
 
@@ -222,13 +226,51 @@ def restore(trainer, point: ResumePoint, with_optimizer: bool = True) -> None:
             v.assign(value)
 
 
-def save(backup_dir: str | os.PathLike, trainer, point: ResumePoint) -> Path:
+def metric_state(trainer) -> list[np.ndarray]:
+    """The values of `trainer`'s metric variables (Keras' `Metric.variables`: sums, counts).
+
+    Under a strategy each variable is read summed over the replicas; under
+    multi-worker training that read is a collective, so every worker must call this.
+    """
+    return [np.asarray(v.numpy()) for m in trainer.metrics for v in m.variables]
+
+
+def restore_metrics(trainer, path: Path) -> bool:
+    """Puts the metric state saved in the backup at `path` back into `trainer`'s metrics.
+
+    Assigned outside a replica context, a summed variable gets an equal share
+    on every replica, so its value read back is the saved one.
+
+    Returns:
+        False, changing nothing, when the backup holds no metric state (an
+        epoch-end backup, or one made before mdtrain saved it).
+
+    Raises:
+        UsageError: if the backup's metrics do not fit `trainer`'s.
+    """
+    with np.load(path / STATE_FILE) as state:
+        if "num_metrics" not in state:
+            return False
+        values = [state[f"metric_{i}"] for i in range(int(state["num_metrics"]))]
+    variables = [v for m in trainer.metrics for v in m.variables]
+    if len(values) != len(variables):
+        raise UsageError(f"backup {path}: {len(values)} metric variables for {len(variables)}")
+    for variable, value in zip(variables, values, strict=True):
+        variable.assign(value)
+    return True
+
+
+def save(
+    backup_dir: str | os.PathLike, trainer, point: ResumePoint, metrics: list | None = None
+) -> Path:
     """Writes one complete backup of `trainer` at `point` and drops the older ones.
 
     Args:
         backup_dir: the folder.
         trainer: the `ExactTrainer` being trained.
         point: the position the backup resumes at (`path` is ignored).
+        metrics: `metric_state(trainer)` of a save within an epoch, read on
+            every worker. Defaults to None (an epoch end: none needed).
 
     Returns:
         The new `ckpt-*` folder.
@@ -241,6 +283,8 @@ def save(backup_dir: str | os.PathLike, trainer, point: ResumePoint) -> Path:
     optimizer = [np.asarray(v.numpy()) for v in trainer.optimizer.variables]
     arrays = {f"seed_{i}": s for i, s in enumerate(seeds)}
     arrays.update({f"opt_{i}": v for i, v in enumerate(optimizer)})
+    if metrics is not None:
+        arrays.update({f"metric_{i}": v for i, v in enumerate(metrics)}, num_metrics=len(metrics))
     np.savez(tmp / STATE_FILE, num_seeds=len(seeds), num_opt=len(optimizer), **arrays)
     files = {name: _sha256(tmp / name) for name in (NET_FILE, STATE_FILE)}
     manifest = {
@@ -335,6 +379,9 @@ class Backup(keras.callbacks.Callback):
         history: the rows of the epochs finished before this `fit` (earlier
             phases, and a resumed run's earlier epochs); each epoch this `fit`
             ends adds its row, and every backup stores them. Defaults to None.
+        resumed_from: the backup a mid-epoch resume loaded: the first epoch's
+            metrics continue from its metric state, put back after `fit` (or
+            `custom_fit`) reset them as the epoch began. Defaults to None.
     """
 
     def __init__(
@@ -347,21 +394,28 @@ class Backup(keras.callbacks.Callback):
         step_offset: int = 0,
         write: bool = True,
         history: list[dict[str, float]] | None = None,
+        resumed_from: Path | None = None,
     ):
         super().__init__()
         self.backup_dir, self.fingerprint, self.phase = backup_dir, fingerprint, phase
         self.steps_per_epoch = steps_per_epoch
         self.every_steps, self.step_offset, self.write = every_steps, step_offset, write
-        self.history = list(history or [])
+        self.history, self.resumed_from = list(history or []), resumed_from
         self._epoch = 0
 
     def _save(self, epoch: int, step: int) -> None:
+        metrics = metric_state(self.model) if step else None  # on every worker: a collective
         if self.write:
             point = ResumePoint(epoch, step, self.phase, None, self.fingerprint, self.history)
-            save(self.backup_dir, self.model, point)
+            save(self.backup_dir, self.model, point, metrics)
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch = epoch
+        if self.step_offset and self.resumed_from is not None:
+            if not restore_metrics(self.model, self.resumed_from) and self.write:
+                print(f"backup: {self.resumed_from.name} holds no training metrics (an older "
+                      "mdtrain made it): this epoch's figures count the steps after the resume",
+                      flush=True)  # fmt: skip
 
     def on_train_batch_end(self, batch, logs=None):
         step = self.step_offset + batch + 1

@@ -398,7 +398,7 @@ class _Run:
             callbacks = [*callbacks, Backup(
                 config.backup_dir, self.fingerprint(), segment.phase, inputs.steps_per_epoch,
                 config.backup_every_steps, step_offset=segment.skip_steps, write=self.chief,
-                history=history,
+                history=history, resumed_from=point.path,
             )]  # fmt: skip
         run = dict(
             epochs=segment.last_epoch,

@@ -135,11 +135,10 @@ print(json.dumps({
 """
 
 
-@pytest.fixture(scope="module")
-def runs(tiny_dataset, tmp_path_factory) -> dict:
-    work = tmp_path_factory.mktemp("backup-runs")
+def _run_script(script: str, data, work) -> dict:
+    """Runs `script` with arguments `data` and `work` in a fresh process; its last line's JSON."""
     done = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(_RUNS), str(tiny_dataset), str(work)],
+        [sys.executable, "-c", textwrap.dedent(script), str(data), str(work)],
         capture_output=True,
         text=True,
         timeout=600,
@@ -147,6 +146,11 @@ def runs(tiny_dataset, tmp_path_factory) -> dict:
     )
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def runs(tiny_dataset, tmp_path_factory) -> dict:
+    return _run_script(_RUNS, tiny_dataset, tmp_path_factory.mktemp("backup-runs"))
 
 
 @pytest.mark.slow
@@ -167,3 +171,94 @@ def test_outputs_that_cannot_be_written_are_saved_elsewhere(runs):
     """A finished run whose --output went away keeps its model, and says where (exit 2)."""
     assert "--output" in runs["rescued"] and "cannot write" in runs["rescued"]
     assert runs["rescued_vs_whole"] == 0.0  # the trained model, whole
+
+
+# Runs of 2 epochs on cpu:2 (3 steps per epoch, global batch 8), for each loop: uninterrupted;
+# stopped in epoch 2 after its step 2 (its backup after step 1 written), then run again; and
+# that backup made as an older mdtrain made it (no metric state, checksum updated), run again.
+_MID_EPOCH = """
+import contextlib, hashlib, io, json, shutil, sys
+from pathlib import Path
+import keras
+import numpy as np
+from mdtrain.training import TrainConfig, train
+
+data, work = sys.argv[1], Path(sys.argv[2])
+
+class Stop(keras.callbacks.Callback):
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch = epoch
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self.epoch == 1 and batch == 1:  # before Backup (the last callback) saves step 2
+            raise KeyboardInterrupt
+
+def weights(result):
+    return result.model.get_weights()
+
+def without_metrics(backup):  # as an mdtrain that saved no metric state left it
+    ckpt = sorted(backup.glob("ckpt-*"))[-1]
+    with np.load(ckpt / "state.npz") as state:
+        kept = {k: state[k] for k in state.files if not k.startswith(("metric_", "num_metrics"))}
+    np.savez(ckpt / "state.npz", **kept)
+    manifest = json.loads((ckpt / "MANIFEST.json").read_text())
+    manifest["files"]["state.npz"] = hashlib.sha256((ckpt / "state.npz").read_bytes()).hexdigest()
+    (ckpt / "MANIFEST.json").write_text(json.dumps(manifest))
+    return ckpt.name
+
+out = {}
+for loop in ("fit", "custom"):
+    base = dict(data=data, image_size=16, epochs=2, global_batch_size=8, strategy="cpu:2",
+                deterministic=True, monitor="none", verbose=0, loop=loop,
+                backup_every_steps=1)
+    whole = train(TrainConfig(**base, backup_dir=str(work / loop / "whole")))
+    backup = work / loop / "bk"
+    try:
+        train(TrainConfig(**base, backup_dir=str(backup)), callbacks=[Stop()])
+    except KeyboardInterrupt:
+        pass
+    shutil.copytree(backup, work / loop / "old")
+    resumed = train(TrainConfig(**base, backup_dir=str(backup)))
+    ckpt = without_metrics(work / loop / "old")
+    said = io.StringIO()
+    with contextlib.redirect_stdout(said):
+        old = train(TrainConfig(**base, backup_dir=str(work / loop / "old")))
+    out[loop] = {
+        "whole": whole.history, "resumed": resumed.history, "old": old.history,
+        "ckpt": ckpt, "said": said.getvalue(),
+        "same_weights": all(np.array_equal(a, b) for a, b in zip(weights(whole), weights(resumed))),
+        "old_same_weights": all(np.array_equal(a, b) for a, b in zip(weights(whole), weights(old))),
+    }
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def mid_epoch_runs(tiny_dataset, tmp_path_factory) -> dict:
+    return _run_script(_MID_EPOCH, tiny_dataset, tmp_path_factory.mktemp("mid-epoch-runs"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("loop", ["fit", "custom"])
+def test_a_run_resumed_mid_epoch_reports_the_uninterrupted_figures(mid_epoch_runs, loop):
+    runs = mid_epoch_runs[loop]
+    assert runs["ckpt"] == "ckpt-00001-000001"  # resumed after step 1 of epoch 2's 3
+    assert runs["same_weights"]
+    whole, resumed = runs["whole"], runs["resumed"]
+    assert len(resumed) == len(whole) == 2
+    for got, want in zip(resumed, whole, strict=True):
+        assert got.keys() == want.keys() == {"loss", "accuracy", "val_loss", "val_accuracy"}
+        # The metric sums are put back split over the replicas: the same to float rounding.
+        assert got == pytest.approx(want, rel=1e-6, abs=0.0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("loop", ["fit", "custom"])
+def test_a_backup_without_metric_state_still_resumes(mid_epoch_runs, loop):
+    """A backup made before mdtrain saved the metrics: same weights; one line says what differs."""
+    runs = mid_epoch_runs[loop]
+    assert runs["old_same_weights"]
+    assert runs["said"].count("holds no training metrics") == 1
+    assert runs["old"][0] == runs["whole"][0]  # an epoch before the resume, from the manifest
+    assert runs["old"][1]["val_loss"] == pytest.approx(runs["whole"][1]["val_loss"], rel=1e-6)
+    assert runs["old"][1]["loss"] != pytest.approx(runs["whole"][1]["loss"], rel=1e-3)

@@ -1,4 +1,5 @@
-"""Exact resume: a run killed with SIGKILL and started again ends with the same weights.
+"""Exact resume: a run killed with SIGKILL and started again ends with the same weights,
+and reports the same per-epoch figures.
 
 Every test runs `mdtrain train` in subprocesses on tiny data (16-pixel images),
 bounded by timeouts. `reference_run` (an uninterrupted run) is shared with
@@ -7,6 +8,7 @@ tests/test_multiworker.py.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -78,6 +80,14 @@ def max_relative_difference(a_file: Path, b_file: Path) -> float:
     return max_weight_difference(a_file, b_file)
 
 
+def assert_same_history(a_file: Path, b_file: Path) -> None:
+    """Two `history.json` files hold the same figures, epoch by epoch, to float rounding."""
+    a, b = (json.loads(Path(f).read_text()) for f in (a_file, b_file))
+    assert len(a) == len(b) and a, (a, b)
+    for row_a, row_b in zip(a, b, strict=True):
+        assert row_a == pytest.approx(row_b, rel=1e-6, abs=0.0)
+
+
 def wait_for(predicate, proc: subprocess.Popen, timeout_s: float = TIMEOUT_S) -> None:
     deadline = time.monotonic() + timeout_s
     while not predicate():
@@ -117,11 +127,14 @@ def killed_and_resumed(tmp_path_factory):
     return {"resumed": resumed, "out": out, "backup": work / "backup-copy", "data": data}
 
 
-def test_killed_run_resumes_with_the_same_weights(killed_and_resumed, tmp_path_factory):
+def test_killed_run_resumes_with_the_same_weights_and_figures(killed_and_resumed, tmp_path_factory):
     resumed, out = killed_and_resumed["resumed"], killed_and_resumed["out"]
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resuming from" in resumed.stdout and "at epoch 1, step 4" in resumed.stdout
-    assert max_relative_difference(reference_run(tmp_path_factory), out / "model.keras") == 0.0
+    reference = reference_run(tmp_path_factory)
+    assert max_relative_difference(reference, out / "model.keras") == 0.0
+    # The epoch resumed after its step 3 counts steps 1-3 too (its metric state was backed up).
+    assert_same_history(reference.parent / "history.json", out / "history.json")
     assert not (out.parent / "backup").exists()  # a finished run removes its backups
 
 
