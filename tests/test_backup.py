@@ -249,7 +249,7 @@ def test_a_run_resumed_mid_epoch_reports_the_uninterrupted_figures(mid_epoch_run
     for got, want in zip(resumed, whole, strict=True):
         assert got.keys() == want.keys() == {"loss", "accuracy", "val_loss", "val_accuracy"}
         # The metric sums are put back split over the replicas: the same to float rounding.
-        assert got == pytest.approx(want, rel=1e-6, abs=0.0)
+        assert got == pytest.approx(want, rel=1e-5, abs=0.0)
 
 
 @pytest.mark.slow
