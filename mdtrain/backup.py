@@ -24,9 +24,9 @@ The manifest also keeps the per-epoch history so far, so a resumed run
 reports every epoch; with the metric state of a save within an epoch, the
 resumed epoch reports what the uninterrupted run would (a backup made
 before mdtrain kept that state still resumes, its epoch's training figures
-counting only the steps after the resume). mdtrain removes only folders it could have written
-(named as above, holding nothing but its three files): other files in
-`backup_dir` are the user's.
+counting only the steps after the resume). mdtrain removes only folders it
+could have written (named as above, holding nothing but its three files):
+other files in `backup_dir` are the user's.
 
 Under multi-worker training only the chief writes; every worker restores from
 the same folder, which must therefore be on a filesystem all workers share.
@@ -231,6 +231,12 @@ def metric_state(trainer) -> list[np.ndarray]:
 
     Under a strategy each variable is read summed over the replicas; under
     multi-worker training that read is a collective, so every worker must call this.
+
+    Args:
+        trainer: the `ExactTrainer` being trained.
+
+    Returns:
+        One array per variable, in `trainer.metrics` order.
     """
     return [np.asarray(v.numpy()) for m in trainer.metrics for v in m.variables]
 
@@ -240,6 +246,10 @@ def restore_metrics(trainer, path: Path) -> bool:
 
     Assigned outside a replica context, a summed variable gets an equal share
     on every replica, so its value read back is the saved one.
+
+    Args:
+        trainer: the `ExactTrainer`, its metrics just reset for the resumed epoch.
+        path: a verified backup folder (`ResumePoint.path`).
 
     Returns:
         False, changing nothing, when the backup holds no metric state (an
