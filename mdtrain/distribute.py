@@ -11,7 +11,9 @@ Strategy names (the `--strategy` option):
 - `tpu`: TPUStrategy;
 - `one`: one device, no distribution;
 - `cpu:N`: MirroredStrategy over N virtual CPU devices: real replicas and a
-  real all-reduce on a CPU-only machine.
+  real all-reduce on a CPU-only machine;
+- `ps`: ParameterServerStrategy, only in the chief of a cluster with `ps`
+  tasks in `TF_CONFIG` (`mdtrain launch --workers N --ps M` starts one).
 
 Virtual CPU devices and GPU memory growth can only be configured before
 TensorFlow initialises its devices, so call `configure_devices` first thing
@@ -179,6 +181,16 @@ def multiworker_strategy(timeout_s: float | None = None) -> tf.distribute.Strate
     )
 
 
+def ps_strategy() -> tf.distribute.Strategy:
+    """ParameterServerStrategy for the cluster in `TF_CONFIG`, whose chief this process is.
+
+    The chief coordinates: it creates the variables on the parameter servers
+    and schedules steps on the workers (`mdtrain.ps`).
+    """
+    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    return tf.distribute.ParameterServerStrategy(resolver)
+
+
 def make_strategy(strategy: str = "auto") -> tf.distribute.Strategy:
     """Creates the `tf.distribute.Strategy` named by `strategy`.
 
@@ -186,7 +198,7 @@ def make_strategy(strategy: str = "auto") -> tf.distribute.Strategy:
 
     Args:
         strategy: one of `auto`, `mirrored`, `multiworker`, `tpu`, `one`,
-            `cpu:N`. Defaults to `"auto"`.
+            `cpu:N`, `ps` (see the module doc). Defaults to `"auto"`.
 
     Returns:
         The strategy; `strategy.num_replicas_in_sync` tells how many replicas.
@@ -201,6 +213,8 @@ def make_strategy(strategy: str = "auto") -> tf.distribute.Strategy:
     2
     """
     check_strategy_name(strategy)
+    if strategy == "ps":
+        return ps_strategy()
     # A new MirroredStrategy over the devices of an earlier one would reuse its
     # collective keys ("Shape mismatch in the collective instance" on the second
     # train() call of a notebook): give each its own.
