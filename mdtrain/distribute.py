@@ -29,11 +29,9 @@ from dataclasses import dataclass
 import tensorflow as tf
 
 from mdtrain.choices import CPU_STRATEGY as _CPU
-from mdtrain.choices import STRATEGIES, check_batch_sizes, check_strategy_name
+from mdtrain.choices import check_batch_sizes, check_strategy_name
 from mdtrain.compat import fresh_collective_keys, without_autotuning
 from mdtrain.errors import UsageError, bad_value
-
-__all__ = ["STRATEGIES", "check_strategy_name"]  # re-exported for convenience
 
 
 def _virtual_cpus(n: int) -> None:
@@ -181,16 +179,6 @@ def multiworker_strategy(timeout_s: float | None = None) -> tf.distribute.Strate
     )
 
 
-def ps_strategy() -> tf.distribute.Strategy:
-    """ParameterServerStrategy for the cluster in `TF_CONFIG`, whose chief this process is.
-
-    The chief coordinates: it creates the variables on the parameter servers
-    and schedules steps on the workers (`mdtrain.ps`).
-    """
-    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
-    return tf.distribute.ParameterServerStrategy(resolver)
-
-
 def make_strategy(strategy: str = "auto") -> tf.distribute.Strategy:
     """Creates the `tf.distribute.Strategy` named by `strategy`.
 
@@ -213,8 +201,9 @@ def make_strategy(strategy: str = "auto") -> tf.distribute.Strategy:
     2
     """
     check_strategy_name(strategy)
-    if strategy == "ps":
-        return ps_strategy()
+    if strategy == "ps":  # this process is the chief: it coordinates (`mdtrain.ps`)
+        resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+        return tf.distribute.ParameterServerStrategy(resolver)
     # A new MirroredStrategy over the devices of an earlier one would reuse its
     # collective keys ("Shape mismatch in the collective instance" on the second
     # train() call of a notebook): give each its own.
@@ -276,21 +265,6 @@ def resolve_global_batch_size(
     return global_batch
 
 
-def split_batch(batch_size: int, num_replicas: int) -> list[int]:
-    """Examples each replica gets from one global batch, as `tf.distribute` cuts it.
-
-    Contiguous slices of `ceil(batch_size / num_replicas)`; on a partial batch
-    the last slices are shorter, or empty.
-
-    Example:
-
-    >>> split_batch(5, 4)
-    [2, 2, 1, 0]
-    """
-    per = -(-batch_size // num_replicas)
-    return [max(0, min(per, batch_size - r * per)) for r in range(num_replicas)]
-
-
 def shard_by_batch(dataset: tf.data.Dataset) -> tf.data.Dataset:
     """`dataset` as training reads it: the DATA auto-shard policy, no autotuning model.
 
@@ -326,8 +300,18 @@ class BatchGeometry:
         return self.num_examples - (self.steps - 1) * self.global_batch_size
 
     def split(self, batch_size: int) -> list[int]:
-        """Examples each replica gets from a batch of `batch_size` (uneven when partial)."""
-        return split_batch(batch_size, self.num_replicas)
+        """Examples each replica gets from a batch of `batch_size`, as `tf.distribute` cuts it.
+
+        Contiguous slices of `ceil(batch_size / num_replicas)`; on a partial
+        batch the last slices are shorter, or empty.
+
+        Example:
+
+        >>> BatchGeometry(5, 5, 4).split(5)
+        [2, 2, 1, 0]
+        """
+        per = -(-batch_size // self.num_replicas)
+        return [max(0, min(per, batch_size - r * per)) for r in range(self.num_replicas)]
 
     def describe(self) -> str:
         """One line for the start of a run."""

@@ -22,7 +22,7 @@ Security: the servers speak unauthenticated, unencrypted gRPC, exactly as
 under MultiWorkerMirroredStrategy; keep them on loopback or a trusted
 network (see `mdtrain.launcher`).
 
-Modules: `cluster` (the servers), `loop` (the chief's loop), `processes`
+Modules: `cluster` (the servers), `loop` (the chief's loop), `__main__`
 (`python -m mdtrain.ps serve|chief`). `mdtrain launch --workers N --ps M`
 starts a whole job as local processes.
 """
@@ -31,6 +31,5 @@ from __future__ import annotations
 
 from mdtrain.ps.cluster import MIN_INTER_OP_THREADS, serve, server_config
 from mdtrain.ps.loop import coordinator_fit
-from mdtrain.ps.processes import main
 
-__all__ = ["MIN_INTER_OP_THREADS", "coordinator_fit", "main", "serve", "server_config"]
+__all__ = ["MIN_INTER_OP_THREADS", "coordinator_fit", "serve", "server_config"]

@@ -167,7 +167,7 @@ def _evaluate(trainer, val_ds, cbs) -> dict[str, float]:
 
 
 def cluster_size() -> dict[str, int]:
-    """`num_workers` and `num_ps` of the cluster in `TF_CONFIG` (`distribute.ps_strategy`'s)."""
+    """`num_workers` and `num_ps` of the cluster in `TF_CONFIG` (`make_strategy("ps")`'s)."""
     cluster = tf.distribute.cluster_resolver.TFConfigClusterResolver().cluster_spec().as_dict()
     return {"num_workers": len(cluster.get("worker", [])), "num_ps": len(cluster.get("ps", []))}
 
