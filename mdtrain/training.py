@@ -256,7 +256,7 @@ class _Run:
         import tensorflow as tf
 
         if isinstance(self.strategy, tf.distribute.ParameterServerStrategy):
-            return "ps"  # Keras 3 cannot train here (keras-team/keras#18624): the coordinator's
+            return "ps"  # the coordinator's loop: Keras 3's fit cannot (keras-team/keras#18624)
         if self.config.loop == "fit" and isinstance(
             self.strategy, tf.distribute.MultiWorkerMirroredStrategy
         ):
