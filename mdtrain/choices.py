@@ -8,6 +8,8 @@ the same functions, so the API and the command line agree.
 
 from __future__ import annotations
 
+import json
+import os
 import re
 
 from mdtrain.errors import UsageError, bad_value
@@ -22,14 +24,16 @@ EFFICIENTNETS = {
 LITE0 = "efficientnet-lite0"  # ImageNet weights from an installed package, no network
 MODELS = ("small-cnn", *EFFICIENTNETS, LITE0)
 STRATEGIES = ("auto", "mirrored", "multiworker", "tpu", "one", "cpu:N")
+#: Parameter-server training: only in the chief of a cluster with `ps` tasks (`launch --ps`).
+PS_STRATEGY = "ps"
 CPU_STRATEGY = re.compile(r"^cpu:(\d+)$")
 
 
 STRATEGY_NOTEBOOK = "notebooks/07_choosing_a_strategy.ipynb"
 # Strategies `mdtrain train` does not offer, and why (measured in notebook 07's matrix).
 _NOT_OFFERED = {
-    "ps": "parameter-server training needs a cluster of ps and worker tasks and its own "
-    "asynchronous loop: run `mdtrain launch --workers N --ps M -- <train arguments>`",
+    "ps": "parameter-server training runs in the chief of a cluster of ps and worker tasks "
+    "(TF_CONFIG): start one with `mdtrain launch --workers N --ps M -- <train arguments>`",
     "central": "CentralStorageStrategy is experimental and, on one machine, gives what "
     "mirrored gives (synchronous updates), with the variables on one device; use mirrored",
 }
@@ -43,14 +47,17 @@ def check_strategy_name(name: str) -> str:
     """Returns `name` if `mdtrain train` offers that strategy, else raises `UsageError`.
 
     Strategies named by the articles that `mdtrain train` does not offer
-    (parameter servers, central storage) get a one-line reason and a pointer
-    to the notebook that measures them.
+    (central storage; parameter servers outside the chief of a cluster with
+    `ps` tasks) get a one-line reason and a pointer to the notebook that
+    measures them.
 
     Raises:
         UsageError: for an unknown or not offered name.
     """
     m = CPU_STRATEGY.match(name)
     if name in STRATEGIES[:-1] or (m and int(m.group(1)) >= 1):
+        return name
+    if name == PS_STRATEGY and _is_ps_chief():
         return name
     key = re.sub(r"[-_ ]", "", name.lower())
     key = _ALIASES.get(key, key)
@@ -60,6 +67,15 @@ def check_strategy_name(name: str) -> str:
         "strategy", name, f"unknown; choose one of {', '.join(STRATEGIES)} (N >= 1); "
         f"{STRATEGY_NOTEBOOK} compares them",
     )  # fmt: skip
+
+
+def _is_ps_chief() -> bool:
+    """Whether `TF_CONFIG` makes this process the chief of a cluster with parameter servers."""
+    try:
+        config = json.loads(os.environ.get("TF_CONFIG") or "{}")
+        return bool(config["cluster"].get("ps")) and config["task"]["type"] == "chief"
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return False
 
 
 CACHE_MODES = ("auto", "memory", "disk", "none")

@@ -45,6 +45,8 @@ class TrainConfig:
             (`mdtrain.pipeline.resolve_cache`); `cache_dir` holds a disk cache.
         monitor: `"auto"`, `"widget"`, `"text"` or `"none"`: how progress shows.
         verbose: 0 silent, 1 a progress bar, 2 a line per epoch.
+        log_every: under parameter-server training (`strategy="ps"`), steps
+            per point of the fine-grained loss curve (`TrainResult.ps_log`).
 
     Example:
 
@@ -79,6 +81,7 @@ class TrainConfig:
     cache_dir: str | None = None
     monitor: str = "auto"
     verbose: int = 2
+    log_every: int = 10
 
     def validate(self) -> None:
         """Raises `UsageError` for any value that cannot work, before TensorFlow starts."""
@@ -99,6 +102,8 @@ class TrainConfig:
                    "cache": c.CACHE_MODES, "monitor": c.MONITOR_DISPLAYS}  # fmt: skip
         smallest = c.smallest_image_size(self.model)
         pretrained = "needs a pretrained base: "
+        ps = self.strategy == c.PS_STRATEGY
+        not_ps = f"not under parameter-server training (see {c.STRATEGY_NOTEBOOK})"
         return [
             *((name, getattr(self, name) in values, f"choose one of {', '.join(values)}")
               for name, values in options.items()),  # fmt: skip
@@ -111,6 +116,16 @@ class TrainConfig:
             ("validation_split", 0 <= self.validation_split < 1,
              "must be in [0, 1) (0 means no validation)"),
             ("seed", 0 <= self.seed < 2**32, "must be in [0, 2**32)"),
+            ("log_every", self.log_every >= 1, "must be at least 1"),
+            # What parameter-server training lacks: its updates are asynchronous, its
+            # workers share no disk cache, and its loop has no backups or second phase.
+            ("backup_dir", not ps or self.backup_dir is None, not_ps),
+            ("fine_tune_epochs", not ps or self.fine_tune_epochs == 0, not_ps),
+            ("mixed_precision", not ps or not self.mixed_precision, not_ps),
+            ("deterministic", not ps or not self.deterministic, "parameter-server training's "
+             f"asynchronous updates cannot be reproduced (see {c.STRATEGY_NOTEBOOK})"),
+            ("cache", not ps or self.cache != "disk", "parameter-server training's workers would "
+             f"all write the same cache files; use memory or none (see {c.STRATEGY_NOTEBOOK})"),
             ("backup_every_steps", self.backup_every_steps is None or self.backup_every_steps >= 1,
              "must be at least 1"),
             ("backup_every_steps", self.backup_every_steps is None or bool(self.backup_dir),

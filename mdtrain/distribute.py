@@ -11,7 +11,9 @@ Strategy names (the `--strategy` option):
 - `tpu`: TPUStrategy;
 - `one`: one device, no distribution;
 - `cpu:N`: MirroredStrategy over N virtual CPU devices: real replicas and a
-  real all-reduce on a CPU-only machine.
+  real all-reduce on a CPU-only machine;
+- `ps`: ParameterServerStrategy, only in the chief of a cluster with `ps`
+  tasks in `TF_CONFIG` (`mdtrain launch --workers N --ps M` starts one).
 
 Virtual CPU devices and GPU memory growth can only be configured before
 TensorFlow initialises its devices, so call `configure_devices` first thing
@@ -27,11 +29,9 @@ from dataclasses import dataclass
 import tensorflow as tf
 
 from mdtrain.choices import CPU_STRATEGY as _CPU
-from mdtrain.choices import STRATEGIES, check_batch_sizes, check_strategy_name
+from mdtrain.choices import check_batch_sizes, check_strategy_name
 from mdtrain.compat import fresh_collective_keys, without_autotuning
 from mdtrain.errors import UsageError, bad_value
-
-__all__ = ["STRATEGIES", "check_strategy_name"]  # re-exported for convenience
 
 
 def _virtual_cpus(n: int) -> None:
@@ -186,7 +186,7 @@ def make_strategy(strategy: str = "auto") -> tf.distribute.Strategy:
 
     Args:
         strategy: one of `auto`, `mirrored`, `multiworker`, `tpu`, `one`,
-            `cpu:N`. Defaults to `"auto"`.
+            `cpu:N`, `ps` (see the module doc). Defaults to `"auto"`.
 
     Returns:
         The strategy; `strategy.num_replicas_in_sync` tells how many replicas.
@@ -201,6 +201,9 @@ def make_strategy(strategy: str = "auto") -> tf.distribute.Strategy:
     2
     """
     check_strategy_name(strategy)
+    if strategy == "ps":  # this process is the chief: it coordinates (`mdtrain.ps`)
+        resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+        return tf.distribute.ParameterServerStrategy(resolver)
     # A new MirroredStrategy over the devices of an earlier one would reuse its
     # collective keys ("Shape mismatch in the collective instance" on the second
     # train() call of a notebook): give each its own.
@@ -262,21 +265,6 @@ def resolve_global_batch_size(
     return global_batch
 
 
-def split_batch(batch_size: int, num_replicas: int) -> list[int]:
-    """Examples each replica gets from one global batch, as `tf.distribute` cuts it.
-
-    Contiguous slices of `ceil(batch_size / num_replicas)`; on a partial batch
-    the last slices are shorter, or empty.
-
-    Example:
-
-    >>> split_batch(5, 4)
-    [2, 2, 1, 0]
-    """
-    per = -(-batch_size // num_replicas)
-    return [max(0, min(per, batch_size - r * per)) for r in range(num_replicas)]
-
-
 def shard_by_batch(dataset: tf.data.Dataset) -> tf.data.Dataset:
     """`dataset` as training reads it: the DATA auto-shard policy, no autotuning model.
 
@@ -312,8 +300,18 @@ class BatchGeometry:
         return self.num_examples - (self.steps - 1) * self.global_batch_size
 
     def split(self, batch_size: int) -> list[int]:
-        """Examples each replica gets from a batch of `batch_size` (uneven when partial)."""
-        return split_batch(batch_size, self.num_replicas)
+        """Examples each replica gets from a batch of `batch_size`, as `tf.distribute` cuts it.
+
+        Contiguous slices of `ceil(batch_size / num_replicas)`; on a partial
+        batch the last slices are shorter, or empty.
+
+        Example:
+
+        >>> BatchGeometry(5, 5, 4).split(5)
+        [2, 2, 1, 0]
+        """
+        per = -(-batch_size // self.num_replicas)
+        return [max(0, min(per, batch_size - r * per)) for r in range(self.num_replicas)]
 
     def describe(self) -> str:
         """One line for the start of a run."""

@@ -20,7 +20,15 @@ __all__ = ["TrainConfig", "TrainResult", "train"]
 
 @dataclass
 class TrainResult:
-    """What a run produced; `summary()` is the `--json` object."""
+    """What a run produced; `summary()` is the `--json` object.
+
+    `history` has one row per epoch, under every strategy. Under
+    parameter-server training an epoch is `steps_per_epoch` steps of all the
+    workers together, and `ps_log` holds the finer loss curve: a point every
+    `TrainConfig.log_every` steps and at each epoch's end (`steps`, `loss`,
+    `accuracy`, `seconds`, `learning_rate`), and the run's `scheduled`,
+    `completed` and `examples` counts, `num_workers` and `num_ps`.
+    """
 
     config: TrainConfig
     replicas: int
@@ -36,9 +44,10 @@ class TrainResult:
     monitor_summary: dict | None = None
     is_chief: bool = True  # False on the other workers of a multi-worker run
     augment_in: str | None = None  # where augmentation ran: "pipeline", "model", None (none)
+    ps_log: dict | None = None  # parameter-server training's loss curve (see above)
 
     def summary(self) -> dict:
-        return {
+        summary = {
             "replicas": self.replicas,
             "global_batch_size": self.global_batch_size,
             "num_train": self.num_train,
@@ -53,6 +62,9 @@ class TrainResult:
             "augment_in": self.augment_in,
             "config": dataclasses.asdict(self.config),
         }
+        if self.ps_log is not None:
+            summary["ps_log"] = self.ps_log
+        return summary
 
 
 def train(config: TrainConfig, callbacks: list | None = None) -> TrainResult:
@@ -61,6 +73,9 @@ def train(config: TrainConfig, callbacks: list | None = None) -> TrainResult:
     Prints the batch geometry first, a line (or a live dashboard) per epoch,
     and writes `model.keras`, `history.json` and `report.json` to
     `config.output` when set (only the chief does, under multi-worker).
+    With `strategy="ps"`, in the chief of a parameter-server cluster
+    (`mdtrain launch --workers N --ps M`), the same run goes through the
+    coordinator's asynchronous loop (`mdtrain.ps.coordinator_fit`).
     `model.keras` holds Keras' own layers only: it loads with
     `keras.models.load_model`, without mdtrain.
 
@@ -218,6 +233,7 @@ class _Run:
         if not self.chief:  # every worker prints its geometry; only the chief reports progress
             print(f"worker {task_id(self.strategy)}: {self.geometry.describe()}", flush=True)
         self.loop = self._choose_loop()
+        self.ps_log = None  # filled by parameter-server training's loop
         self._describe()
         self.trainer = self._build_trainer()
 
@@ -239,6 +255,8 @@ class _Run:
     def _choose_loop(self) -> str:
         import tensorflow as tf
 
+        if isinstance(self.strategy, tf.distribute.ParameterServerStrategy):
+            return "ps"  # the coordinator's loop: Keras 3's fit cannot (keras-team/keras#18624)
         if self.config.loop == "fit" and isinstance(
             self.strategy, tf.distribute.MultiWorkerMirroredStrategy
         ):
@@ -252,6 +270,13 @@ class _Run:
         splits = self.splits
         self._say(f"strategy {type(self.strategy).__name__} with {self.replicas} replica(s): "
                   f"{self.geometry.describe()}")  # fmt: skip
+        if self.loop == "ps":
+            from mdtrain.ps.loop import cluster_size
+
+            size, steps = cluster_size(), self.config.epochs * self.inputs.steps_per_epoch
+            self._say(f"parameter-server training: {size['num_workers']} worker(s), "
+                      f"{size['num_ps']} ps; {steps} steps of {self.inputs.global_batch_size} "
+                      "examples, asynchronous")  # fmt: skip
         self._say(
             f"data {self.data_dir}: {len(splits.class_names)} classes, {self.inputs.num_train} "
             f"train, {self.inputs.num_val} validation, {len(splits.skipped)} unreadable file(s) "
@@ -350,6 +375,7 @@ class _Run:
             monitor_summary=summary.to_dict(),
             is_chief=self.chief,
             augment_in=self.augment_in,
+            ps_log=self.ps_log,
         )
 
     def _say(self, text: str) -> None:
@@ -366,8 +392,10 @@ class _Run:
                 n = unfreeze_top(self.trainer.net)
                 self._say(f"fine-tuning: {n} top layers of the base unfrozen, "
                           f"learning rate {segment.learning_rate:g}")  # fmt: skip
-            schedule = cosine_schedule(segment.learning_rate, segment.decay_steps)
-            self.trainer.compile(optimizer=keras.optimizers.Adam(schedule))
+            self.schedule = cosine_schedule(segment.learning_rate, segment.decay_steps)
+            # Under parameter servers a float rate, which the coordinator sets (`mdtrain.ps`).
+            rate = segment.learning_rate if self.loop == "ps" else self.schedule
+            self.trainer.compile(optimizer=keras.optimizers.Adam(rate))
 
     def _restore_finished(self, point) -> None:
         """Loads a backup taken at the very end of the run: its weights are the result."""
@@ -407,7 +435,16 @@ class _Run:
             callbacks=callbacks,
             verbose=config.verbose,
         )
-        if self.loop == "fit":  # shuffle=False: the dataset is shuffled already, per epoch
+        if self.loop == "ps":  # each worker builds its own batches
+            from mdtrain.ps.loop import cluster_size, coordinator_fit, worker_dataset_fn
+
+            batches = worker_dataset_fn(config, self.splits, inputs.global_batch_size)
+            hist, self.ps_log = coordinator_fit(
+                self.trainer, self.strategy, batches, val_ds=inputs.val_ds,
+                learning_rate=self.schedule, log_every=config.log_every, **run,
+            )  # fmt: skip
+            self.ps_log |= cluster_size()
+        elif self.loop == "fit":  # shuffle=False: the dataset is shuffled already, per epoch
             hist = self.trainer.fit(train_ds, validation_data=inputs.val_ds, shuffle=False, **run)
         else:
             hist = custom_fit(self.trainer, self.strategy, train_ds, val_ds=inputs.val_ds, **run)

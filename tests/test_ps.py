@@ -1,4 +1,5 @@
-"""mdtrain.ps: parameter-server training on loopback, with real ps, worker and chief processes."""
+"""Parameter-server training (`train` with strategy ps, `mdtrain.ps`) on loopback, with real
+ps, worker and chief processes."""
 
 from __future__ import annotations
 
@@ -22,6 +23,13 @@ def test_servers_get_enough_inter_op_threads():
     assert ps.server_config().inter_op_parallelism_threads >= ps.MIN_INTER_OP_THREADS >= 3
 
 
+# What a chief of a parameter-server cluster finds in its environment (`mdtrain launch --ps`).
+_CHIEF_TF_CONFIG = json.dumps({
+    "cluster": {"chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"], "ps": ["127.0.0.1:3"]},
+    "task": {"type": "chief", "index": 0},
+})  # fmt: skip
+
+
 @pytest.mark.parametrize(
     "option, value",
     [
@@ -32,10 +40,24 @@ def test_servers_get_enough_inter_op_threads():
         ("cache", "disk"),
     ],
 )
-def test_options_parameter_servers_lack_are_one_line_errors(option, value):
+def test_options_parameter_servers_lack_are_one_line_errors(option, value, monkeypatch):
+    monkeypatch.setenv("TF_CONFIG", _CHIEF_TF_CONFIG)
+    TrainConfig(strategy="ps").validate()  # the chief of a cluster may ask for ps
     with pytest.raises(UsageError, match="07_choosing_a_strategy") as caught:
-        ps.check_config(TrainConfig(**{option: value}))
-    assert "\n" not in str(caught.value)
+        TrainConfig(strategy="ps", **{option: value}).validate()
+    assert "\n" not in str(caught.value) and caught.value.argument == option
+    TrainConfig(**{option: value})  # the other strategies have it
+
+
+def test_strategy_ps_outside_a_chief_points_to_launch(monkeypatch):
+    worker = json.loads(_CHIEF_TF_CONFIG) | {"task": {"type": "worker", "index": 0}}
+    for tf_config in (None, json.dumps(worker)):
+        if tf_config is None:
+            monkeypatch.delenv("TF_CONFIG", raising=False)
+        else:
+            monkeypatch.setenv("TF_CONFIG", tf_config)
+        with pytest.raises(UsageError, match="mdtrain launch --workers N --ps M"):
+            TrainConfig(strategy="ps").validate()
 
 
 def test_serve_refuses_a_task_that_is_not_ps_or_worker(monkeypatch):
@@ -51,8 +73,8 @@ def test_serve_refuses_a_task_that_is_not_ps_or_worker(monkeypatch):
 @pytest.mark.parametrize(
     "args, line",
     [
-        (["--deterministic"], "--deterministic: asynchronous updates cannot be reproduced "
-                              "(see notebooks/07_choosing_a_strategy.ipynb)"),
+        (["--deterministic"], "--deterministic True: parameter-server training's asynchronous "
+         "updates cannot be reproduced (see notebooks/07_choosing_a_strategy.ipynb)"),
         (["--log-every", "0"], "--log-every 0: must be at least 1"),
     ],
 )  # fmt: skip
@@ -62,7 +84,7 @@ def test_chief_bad_input_is_one_line_and_exit_2(args, line):
         capture_output=True,
         text=True,
         timeout=120,
-        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "TF_CONFIG": _CHIEF_TF_CONFIG},
     )
     assert done.returncode == 2
     assert done.stderr.strip().splitlines()[-1] == f"mdtrain: error: {line}"
@@ -83,12 +105,12 @@ def test_each_worker_draws_new_transforms_every_epoch(tiny_dataset):
     import tensorflow as tf
 
     from mdtrain.data import load_splits
-    from mdtrain.ps.training import _dataset_fn
+    from mdtrain.ps.loop import worker_dataset_fn
 
     config = TrainConfig(data=str(tiny_dataset), epochs=2, image_size=32)  # seed 0
     splits = load_splits(config.data, config.val_data, config.validation_split, config.seed)
     keras.utils.set_random_seed(config.seed)
-    build = tf.function(_dataset_fn(splits, 8, config)).get_concrete_function()
+    build = tf.function(worker_dataset_fn(config, splits, 8)).get_concrete_function()
     steps = -(-len(splits.train) // 8)
     worker_1 = _epochs_of_transforms(build(), steps, 2)
     worker_2 = _epochs_of_transforms(build(), steps, 2)
@@ -98,14 +120,14 @@ def test_each_worker_draws_new_transforms_every_epoch(tiny_dataset):
 
 
 # Two workers and a ps in a fresh process, training a linear model on one fixed batch at
-# the learning rate given (argv[1]). At 0 every step's loss is the same, so every point of
-# the curve must be that loss exactly.
+# the learning rate given (argv[1]): 3 epochs of 20 steps. At 0 every step's loss is the
+# same, so every epoch's row, and every point of the curve, must be that loss exactly.
 _EXACT_CURVE = """
 import json, sys
 import keras, numpy as np, tensorflow as tf
 from mdtrain.loop import ExactTrainer
 from mdtrain.launcher import free_ports
-from mdtrain.ps import server_config, train_steps
+from mdtrain.ps import coordinator_fit, server_config
 
 # The in-process cluster of TensorFlow's parameter-server tutorial (and notebook 07).
 ports = iter(free_ports(3))
@@ -116,7 +138,6 @@ for job, count in (("worker", 2), ("ps", 1)):
         tf.distribute.Server(spec, job, index, protocol="grpc", config=server_config())
 resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(spec, rpc_layer="grpc")
 strategy = tf.distribute.ParameterServerStrategy(resolver)
-coord = tf.distribute.coordinator.ClusterCoordinator(strategy)
 rng = np.random.default_rng(0)
 images = rng.random((16, 6, 6, 3), dtype=np.float32)
 labels = rng.integers(0, 3, 16).astype(np.int32)
@@ -126,10 +147,12 @@ with strategy.scope():
     trainer = ExactTrainer(net)
     trainer.compile(optimizer=keras.optimizers.SGD(float(sys.argv[1])))
 batches = lambda: tf.data.Dataset.from_tensors((images, labels)).repeat()
-history = train_steps(strategy, coord, trainer, batches, 60, log_every=20)
+history, log = coordinator_fit(trainer, strategy, batches, epochs=3, steps_per_epoch=20,
+                               log_every=8, verbose=0)
 probabilities = net(images).numpy()
-print(json.dumps({"loss": history["loss"], "accuracy": history["accuracy"],
-                  "completed": history["completed"], "examples": history["examples"],
+print(json.dumps({"loss": history.history["loss"], "accuracy": history.history["accuracy"],
+                  "points": log["steps"], "curve": log["loss"],
+                  "completed": log["completed"], "examples": log["examples"],
                   "expected_loss": float(keras.losses.sparse_categorical_crossentropy(
                       labels, probabilities).numpy().mean()),
                   "expected_accuracy": float((probabilities.argmax(-1) == labels).mean())}))
@@ -152,14 +175,17 @@ def _exact_curve(learning_rate: float) -> dict:
 def test_loss_curve_is_each_steps_own_loss_with_two_workers_racing():
     result = _exact_curve(0.0)
     assert result["completed"] == 60 and result["examples"] == 60 * 16
+    # A point every 8 steps and at each epoch's end (20 steps).
+    assert result["points"] == [8, 16, 20, 24, 32, 40, 48, 56, 60]
     assert result["loss"] == pytest.approx([result["expected_loss"]] * 3, rel=1e-6)
+    assert result["curve"] == pytest.approx([result["expected_loss"]] * 9, rel=1e-6)
     assert result["accuracy"] == pytest.approx([result["expected_accuracy"]] * 3, abs=1e-9)
 
 
 @pytest.mark.slow
 def test_asynchronous_steps_descend():
     # A convex loss on one fixed batch, small steps: even stale gradients lower it, so each
-    # block of 20 steps must average below the one before; gradients that were never
+    # epoch of 20 steps must average below the one before; gradients that were never
     # applied would leave the curve flat.
     loss = _exact_curve(0.1)["loss"]
     assert loss[0] > loss[1] > loss[2], loss
@@ -193,19 +219,21 @@ def test_training_goes_on_when_a_worker_is_killed(tiny_dataset, tmp_path):
     code = launch(2, args, num_ps=1, log_dir=tmp_path / "logs", stream=out)
     log = out.getvalue()
     assert code == 0, log
-    summary = json.loads((tmp_path / "run" / "report.json").read_text())
-    assert summary["completed"] == summary["scheduled"] == 6 * 3  # 24 images / 8 per step
-    assert summary["examples"] == 6 * 24  # the last batch of an epoch is whole: 24 = 3 x 8
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    curve = report["ps_log"]
+    assert curve["completed"] == curve["scheduled"] == 6 * 3  # 24 images / 8 per step
+    assert curve["examples"] == 6 * 24  # the last batch of an epoch is whole: 24 = 3 x 8
     assert "[launch] worker 1 exited with code -9; the chief reruns its steps" in log, log
-    assert summary["events"] == ["step 6: drill mark written"]
-    assert all(math.isfinite(x) for x in summary["loss"]) and len(summary["loss"]) == 6
-    assert summary["num_workers"] == 2 and summary["num_ps"] == 1
-    assert summary["augment_in"] == "pipeline"
+    assert log.count("drill mark written") == 1 and "[chief] step 6: drill mark written" in log
+    assert curve["steps"] == [3, 6, 9, 12, 15, 18]  # every 3 steps, an epoch's
+    assert all(math.isfinite(x) for x in curve["loss"]) and len(report["history"]) == 6
+    assert curve["num_workers"] == 2 and curve["num_ps"] == 1
+    assert report["augment_in"] == "pipeline"
 
 
 @pytest.mark.slow
 def test_cli_launch_ps_trains_and_writes_outputs(tiny_dataset, tmp_path):
-    import keras
+    from tests.test_portable_model import PLAIN_KERAS
 
     out = tmp_path / "run"
     done = run_mdtrain(
@@ -227,23 +255,34 @@ def test_cli_launch_ps_trains_and_writes_outputs(tiny_dataset, tmp_path):
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "[chief] parameter-server training: 2 worker(s), 1 ps; 24 steps of 8" in done.stdout
     report = json.loads((out / "report.json").read_text())
-    assert report["completed"] == report["scheduled"] == 24
+    curve = report["ps_log"]
+    assert curve["completed"] == curve["scheduled"] == 24
+    # A point every 12 steps, and at each epoch's end (3 steps): every 3 steps here.
+    assert curve["steps"] == list(range(3, 25, 3)) and len(report["history"]) == 8
     # The learning rate decays over the run's steps, all workers' together, as in mdtrain train.
-    assert report["learning_rate"] == pytest.approx([0.003, 0.003 * (0.1 + 0.9 * 0.5)])
+    assert curve["learning_rate"][0] == pytest.approx(0.003)
+    assert curve["learning_rate"][4] == pytest.approx(0.003 * (0.1 + 0.9 * 0.5))
     assert report["augment_in"] == "model"  # auto: each worker's training step augments
     assert "[chief] augmentation: drawn by the input pipeline" in done.stdout
     lines = done.stdout.splitlines()
     json_line = next(line for line in lines if line.startswith("[chief] {"))  # its --json
-    assert summary_of(json_line)["loss"] == report["loss"]
+    assert summary_of(json_line) == report  # the same as every strategy's --json
+    assert set(report["history"][-1]) == {"loss", "accuracy", "val_loss", "val_accuracy"}
     assert lines[-1] == "[launch] the chief exited with code 0; stopping the servers", lines[-3:]
-    # The one output writer: the model loads with Keras' own layers, the history beside it.
-    saved = keras.saving.load_model(out / "model.keras")
-    assert not [x for x in saved._flatten_layers() if type(x).__name__.startswith("Exact")]
-    assert json.loads((out / "history.json").read_text())["loss"] == report["loss"]
+    # The one output writer: the model loads with plain Keras in a process without mdtrain.
+    images = sorted(str(p) for p in (tiny_dataset / "val").rglob("*.jpg"))
+    plain = subprocess.run([sys.executable, "-c", PLAIN_KERAS, str(out / "model.keras"), *images],
+                           capture_output=True, text=True, cwd=tmp_path)  # fmt: skip
+    assert plain.returncode == 0, plain.stderr[-3000:]
+    layers = json.loads(plain.stdout.strip().splitlines()[-1])["layers"]
+    assert "BatchNormalization" in layers and not [n for n in layers if n.startswith("Exact")]
+    assert json.loads((out / "history.json").read_text()) == report["history"]
     # It learns: the mean loss of the last 12 steps is below that of the first 12. (The saved
     # model's moving BatchNorm statistics have moved only 1 - 0.99**24 = 21% of the way
     # after 24 steps: its predictions cannot show it yet.)
-    assert len(report["loss"]) == 2 and report["loss"][1] < report["loss"][0], report["loss"]
+    rows = report["history"]
+    first, last = (sum(r["loss"] for r in half) for half in (rows[:4], rows[4:]))
+    assert last < first, rows
 
 
 def summary_of(line: str) -> dict:

@@ -11,34 +11,25 @@ whichever worker is free. Nobody waits for anybody: updates are
 workers have changed meanwhile (*stale* gradients), and the weights cannot
 equal those of one device.
 
-The chief is one configuration of `mdtrain train`: the same data, input
-pipeline, model, exact step and learning-rate schedule
-(`mdtrain.training`), in the coordinator's loop (`training`: Keras 3's `fit`
-cannot run here). Every server starts with enough threads to avoid a hang
-on small machines (`cluster`: the thread-pool trap). Notebook 07 writes the
-same training in plain TensorFlow.
+The chief runs `mdtrain.training.train` with `strategy="ps"`: the same data,
+input pipeline, model, exact step, learning-rate schedule and outputs as
+every other strategy, in the coordinator's loop (`loop.coordinator_fit`:
+Keras 3's `fit` cannot run here). Every server starts with enough threads
+to avoid a hang on small machines (`cluster`: the thread-pool trap).
+Notebook 07 writes the same training in plain TensorFlow.
 
 Security: the servers speak unauthenticated, unencrypted gRPC, exactly as
 under MultiWorkerMirroredStrategy; keep them on loopback or a trusted
 network (see `mdtrain.launcher`).
 
-Modules: `cluster` (the servers), `training` (the chief's loop and
-`train`), `processes` (`python -m mdtrain.ps serve|chief`). `mdtrain launch
---workers N --ps M` starts a whole job as local processes.
+Modules: `cluster` (the servers), `loop` (the chief's loop), `__main__`
+(`python -m mdtrain.ps serve|chief`). `mdtrain launch --workers N --ps M`
+starts a whole job as local processes.
 """
 
 from __future__ import annotations
 
 from mdtrain.ps.cluster import MIN_INTER_OP_THREADS, serve, server_config
-from mdtrain.ps.processes import main
-from mdtrain.ps.training import check_config, train, train_steps
+from mdtrain.ps.loop import coordinator_fit
 
-__all__ = [
-    "MIN_INTER_OP_THREADS",
-    "check_config",
-    "main",
-    "serve",
-    "server_config",
-    "train",
-    "train_steps",
-]
+__all__ = ["MIN_INTER_OP_THREADS", "coordinator_fit", "serve", "server_config"]

@@ -1,8 +1,80 @@
-"""`python -m mdtrain.ps serve` (a ps or worker task) or `... chief <train arguments>`."""
+"""What each task of a parameter-server job runs: `python -m mdtrain.ps serve | chief <args>`.
 
+`serve` runs a ps or worker task; `chief <train arguments>` runs `mdtrain
+train --strategy ps` with the chief's own options. `mdtrain launch --workers
+N --ps M` (`mdtrain.launch(N, args, num_ps=M)`) starts them.
+"""
+
+from __future__ import annotations
+
+import json
 import sys
+from pathlib import Path
 
-from mdtrain.ps.processes import main
+import keras
+
+from mdtrain.errors import UsageError
+from mdtrain.ps.cluster import serve
+
+
+class MarkAfter(keras.callbacks.Callback):
+    """The fault drill: creates `mark_file` once `steps` steps are done.
+
+    A launcher may kill a worker then (`mdtrain.launcher.kill_worker_when`).
+    """
+
+    def __init__(self, steps: int, mark_file: str):
+        super().__init__()
+        self.steps, self.mark_file, self._epoch = steps, Path(mark_file), 0
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch = epoch
+
+    def on_train_batch_end(self, batch, logs=None):
+        done = self._epoch * self.params["steps"] + batch + 1
+        if done >= self.steps and not self.mark_file.exists():
+            self.mark_file.touch()
+            print(f"step {done}: drill mark written", flush=True)
+
+
+def _chief(argv: list[str]) -> int:
+    import argparse
+
+    from mdtrain.cli import build_parser
+    from mdtrain.training import TrainConfig, train
+
+    extra = argparse.ArgumentParser(add_help=False)
+    extra.add_argument("--log-every", type=int, default=TrainConfig.log_every,
+                       help="steps per point of the loss curve (default: 10)")  # fmt: skip
+    extra.add_argument("--mark-after", type=int,
+                       help="fault drill: create --mark-file after this many steps")  # fmt: skip
+    extra.add_argument("--mark-file", help="fault drill: the file to create")
+    ours, rest = extra.parse_known_args(argv)
+    args = build_parser().parse_args(["train", *rest])
+    options = {k: v for k, v in vars(args).items() if k not in ("command", "json")}
+    config = TrainConfig(**options | dict(strategy="ps", log_every=ours.log_every))
+    config.validate()
+    drill = ours.mark_after is not None and ours.mark_file
+    result = train(config, [MarkAfter(ours.mark_after, ours.mark_file)] if drill else None)
+    if args.json:
+        print(json.dumps(result.summary()), flush=True)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m mdtrain.ps serve` (a ps or worker task) or `... chief <train arguments>`."""
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        if argv[:1] == ["serve"]:
+            serve()
+            return 0
+        if argv[:1] == ["chief"]:
+            return _chief(argv[1:])
+        raise UsageError("usage: python -m mdtrain.ps serve | chief <mdtrain train arguments>")
+    except UsageError as error:
+        print(f"mdtrain: error: {error.as_option()}", file=sys.stderr)
+        return 2
+
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -29,16 +29,13 @@ def server_config() -> tf.compat.v1.ConfigProto:
     return tf.compat.v1.ConfigProto(inter_op_parallelism_threads=threads)
 
 
-def serve(inter_op_threads: int | None = None) -> None:
+def serve() -> None:
     """Runs this process as the `ps` or `worker` task named in `TF_CONFIG`, forever.
 
     What `mdtrain launch --ps M` starts for every parameter server and worker
     (`python -m mdtrain.ps serve`). The server does nothing by itself: the
-    chief sends it functions to run and variables to hold.
-
-    Args:
-        inter_op_threads: the server's inter-op thread pool. Defaults to
-            None: `server_config()`'s, at least 3. Pass 2 to watch the hang.
+    chief sends it functions to run and variables to hold. Its inter-op
+    thread pool is `server_config()`'s, at least 3.
 
     Raises:
         UsageError: if `TF_CONFIG` does not name a `ps` or `worker` task.
@@ -48,15 +45,12 @@ def serve(inter_op_threads: int | None = None) -> None:
         raise UsageError(
             f"TF_CONFIG task type {resolver.task_type!r}: `serve` runs a ps or worker task"
         )
-    config = server_config()
-    if inter_op_threads is not None:
-        config.inter_op_parallelism_threads = inter_op_threads
     server = tf.distribute.Server(
         resolver.cluster_spec(),
         job_name=resolver.task_type,
         task_index=resolver.task_id,
         protocol=resolver.rpc_layer or "grpc",
-        config=config,
+        config=server_config(),
         start=True,
     )
     print(f"{resolver.task_type} {resolver.task_id} serving at {server.target}", flush=True)

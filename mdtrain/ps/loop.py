@@ -1,0 +1,204 @@
+"""Parameter-server training's loop on the chief: the coordinator's asynchronous steps.
+
+`mdtrain.training.train` sets the run up as under every other strategy (data,
+model, exact trainer, schedule, monitor, outputs); only the loop differs:
+`coordinator_fit` here instead of `fit` or `custom_fit`. Keras' own `fit`
+cannot run under parameter servers: Keras 3 does not support them
+(keras-team/keras#18624), and `fit` fails asking for
+`create_per_worker_dataset`.
+"""
+
+from __future__ import annotations
+
+import time
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from mdtrain.loop import StepStats, build_optimizer
+
+
+def coordinator_fit(
+    trainer,
+    strategy,
+    dataset_fn,
+    *,
+    epochs: int,
+    steps_per_epoch: int,
+    val_ds=None,
+    initial_epoch: int = 0,
+    callbacks: list | None = None,
+    verbose: int = 2,
+    log_every: int = 10,
+    learning_rate=None,
+) -> tuple[keras.callbacks.History, dict]:
+    """Trains with a `ClusterCoordinator`'s asynchronous steps: `custom_fit`'s counterpart.
+
+    Each step is `trainer.train_step_sums` on the next batch of the worker
+    that runs it: the exact step, returning its own loss and accuracy sums.
+    Every `log_every` steps, and at each epoch's end, the coordinator waits
+    for the steps it scheduled (`join`) and adds up their sums: one point of
+    the loss curve, exact for the steps it covers. (Keras metrics would live
+    on the parameter servers, where two workers' read-modify-write updates
+    can interleave and one be lost.) An epoch is `steps_per_epoch` steps of
+    all the workers together; after each, the chief evaluates `val_ds` with
+    the trainer's `test_step`. Keras callbacks see epochs as under `fit`,
+    and a batch end per point of the curve.
+
+    Args:
+        trainer: a compiled `mdtrain.loop.ExactTrainer`, created in `strategy.scope()`.
+        strategy: a `ParameterServerStrategy`.
+        dataset_fn: a function returning a repeated dataset of `(images,
+            labels)`, or of `(images, labels, transforms)` for a trainer that
+            augments in its step; every worker builds its own from it
+            (`worker_dataset_fn`).
+        epochs: index of the epoch to stop before.
+        steps_per_epoch: steps in one epoch, over all workers.
+        val_ds: validation batches, evaluated on the chief. Defaults to None.
+        initial_epoch: first epoch to run. Defaults to 0.
+        callbacks: Keras callbacks. Defaults to None.
+        verbose: 0 silent, 1 progress bar, 2 one line per epoch. Defaults to 2.
+        log_every: steps per point of the curve. Defaults to 10.
+        learning_rate: called as `learning_rate(completed_steps)` before each
+            point's steps, the rate they run at (the optimizer must have been
+            built with a float rate); None leaves the optimizer's own.
+            Defaults to None.
+
+    Returns:
+        `(history, log)`: the `History` callback (per epoch: `loss`,
+        `accuracy`, and `val_loss`, `val_accuracy` with `val_ds`); the loss
+        curve, per point: `steps` (done by its end), `loss` and `accuracy`
+        (the mean of its steps), `seconds` (since the first step was
+        scheduled), `learning_rate` (when set); in all: `scheduled`,
+        `completed` and `examples` (trained on).
+
+    Raises:
+        ValueError: if `log_every` is below 1.
+    """
+    if log_every < 1:
+        raise ValueError(f"log_every must be at least 1, not {log_every}")
+    coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
+    build_optimizer(trainer)  # on the ps, before any step
+    iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
+
+    @tf.function
+    def step(it):
+        return strategy.run(trainer.train_step_sums, args=(next(it),))
+
+    def run_block(steps: int) -> np.ndarray:
+        """Schedules `steps` steps, waits for them; their summed loss, correct, examples."""
+        if learning_rate is not None:
+            # Set from the coordinator's count of steps, not the optimizer's: under parameter
+            # servers `iterations` undercounts, because Keras 3's `assign_add` reads and then
+            # writes, and two workers' increments can interleave and one be lost (the optimizer
+            # races under parameter servers: keras-team/keras#18668).
+            trainer.optimizer.learning_rate = learning_rate(log["completed"])
+            log["learning_rate"].append(float(trainer.optimizer.learning_rate))
+        remote = [coordinator.schedule(step, args=(iterator,)) for _ in range(steps)]
+        log["scheduled"] += steps
+        coordinator.join()  # raises if a step failed for a reason other than a lost worker
+        # fetch() raises if this step failed; a lost worker's steps were rerun elsewhere.
+        sums = np.sum([r.fetch() for r in remote], axis=0)
+        _add_point(log, steps, sums, time.perf_counter() - start)
+        return sums
+
+    history = keras.callbacks.History()
+    cbs = keras.callbacks.CallbackList([*(callbacks or []), history], add_progbar=verbose > 0,
+                                       model=trainer, verbose=verbose, epochs=epochs,
+                                       steps=steps_per_epoch)  # fmt: skip
+    log = _new_log()
+    trainer.stop_training = False
+    start = time.perf_counter()
+    cbs.on_train_begin()
+    logs: dict[str, float] = {}
+    for epoch in range(initial_epoch, epochs):
+        cbs.on_epoch_begin(epoch)
+        done, totals = 0, np.zeros(3)
+        while done < steps_per_epoch:
+            block = min(log_every - log["completed"] % log_every, steps_per_epoch - done)
+            cbs.on_train_batch_begin(done)
+            sums = run_block(block)
+            totals, done = totals + sums, done + block
+            trainer.last_step = StepStats(int(sums[2]), None)  # the block's examples: the monitor
+            cbs.on_train_batch_end(done - 1, _means(sums))
+        logs = _means(totals)
+        if val_ds is not None:
+            logs.update(_evaluate(trainer, val_ds, cbs))
+        cbs.on_epoch_end(epoch, logs)
+        if trainer.stop_training:
+            break
+    cbs.on_train_end(logs)
+    return history, log
+
+
+def _means(sums) -> dict[str, float]:
+    loss_sum, correct, examples = sums
+    return {"loss": float(loss_sum / examples), "accuracy": float(correct / examples)}
+
+
+def _new_log() -> dict:
+    log = {k: [] for k in ("steps", "loss", "accuracy", "seconds", "learning_rate")}
+    return log | dict(scheduled=0, completed=0, examples=0)
+
+
+def _add_point(log: dict, steps: int, sums, seconds: float) -> None:
+    log["completed"] += steps
+    log["examples"] += int(sums[2])  # (their class weights' sum, with --class-weight)
+    log["steps"].append(log["completed"])
+    for name, value in _means(sums).items():
+        log[name].append(value)
+    log["seconds"].append(seconds)
+
+
+def _evaluate(trainer, val_ds, cbs) -> dict[str, float]:
+    """`val_loss` and `val_accuracy`, on the chief: Keras' `evaluate` cannot run here.
+
+    The chief alone updates the metrics (on the parameter servers), so no
+    update races; the weights are read from the servers.
+    """
+    trainer.reset_metrics()
+    cbs.on_test_begin()
+    for batch in val_ds:
+        trainer.test_step(batch)
+    logs = {f"val_{m.name}": float(m.result()) for m in trainer.metrics}
+    cbs.on_test_end(logs)
+    return logs
+
+
+def cluster_size() -> dict[str, int]:
+    """`num_workers` and `num_ps` of the cluster in `TF_CONFIG` (`make_strategy("ps")`'s)."""
+    cluster = tf.distribute.cluster_resolver.TFConfigClusterResolver().cluster_spec().as_dict()
+    return {"num_workers": len(cluster.get("worker", [])), "num_ps": len(cluster.get("ps", []))}
+
+
+def worker_dataset_fn(config, splits, global_batch_size: int):
+    """The function every worker builds its batches with: the run's `InputData`, its own seed.
+
+    Args:
+        config: the run's `TrainConfig`.
+        splits: its images (`mdtrain.training.run_splits`).
+        global_batch_size: images per step (one worker takes a whole step).
+
+    Returns:
+        A function returning the run's epochs, repeated.
+    """
+    from mdtrain.training import input_data_for
+
+    def dataset_fn():
+        # Built on each worker from ONE function traced on the chief: no worker number
+        # reaches it, and an unseeded random op would draw what every other worker draws
+        # (the chief set the global seed). The clock where the dataset is built gives
+        # each worker a stream of its own: its own order and transforms, new every epoch.
+        stream = tf.cast(tf.timestamp() * 1e6, tf.int64) % 2**31  # microseconds
+        # tf.data compares a tensor seed with 0 in Python when the graph's seed is 0 (the
+        # default --seed) and fails (tensorflow/tensorflow#17284): this graph gets its own.
+        tf.random.set_seed(config.seed + 1)
+        # In each worker's memory: a disk cache would be one set of files for all.
+        cache = "none" if config.cache == "none" else "memory"
+        inputs = input_data_for(config, splits, global_batch_size, seed=stream, cache=cache)
+        # The run's epochs, each its own shuffle and transforms; repeated in case a worker
+        # takes over the steps of one that was lost.
+        return inputs.train_epochs(0, config.epochs).repeat()
+
+    return dataset_fn
