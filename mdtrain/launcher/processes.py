@@ -18,7 +18,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import TextIO
 
@@ -81,22 +81,8 @@ def stop(procs: list[subprocess.Popen], grace_s: float = _GRACE_S) -> None:
         proc.wait()
 
 
-@contextlib.contextmanager
-def _sigterm_raises() -> Iterator[None]:
-    """Turns SIGTERM into `_Terminated` while the block runs (main thread only)."""
-    # SIGTERM (from kill, Slurm, docker stop) must stop the tasks too, not just end us.
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def on_sigterm(signum, frame):
-        raise _Terminated
-
-    previous = signal.signal(signal.SIGTERM, on_sigterm)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+def _raise_terminated(signum, frame) -> None:  # the SIGTERM handler while a job runs
+    raise _Terminated
 
 
 # TensorFlow's C++ runtime logs in glog's format ("E0000 00:00:1795393443.609882  30925
@@ -230,16 +216,21 @@ class Job:
 
         With `noun` ("workers") it says what it stops.
         """
-        with _sigterm_raises():
-            try:
-                return body()
-            except KeyboardInterrupt:
-                return self._stop_all("interrupted", noun, 130)
-            except _Terminated:
-                return self._stop_all("terminated", noun, 143)
-            finally:  # whatever happened, nothing of ours outlives us; a half start included
-                _signal_groups(self.tasks.procs, signal.SIGKILL)
-                self.tasks.release()
+        # SIGTERM (from kill, Slurm, docker stop) must stop the tasks too, not just end us;
+        # only the main thread may set the handler.
+        main = threading.current_thread() is threading.main_thread()
+        previous = signal.signal(signal.SIGTERM, _raise_terminated) if main else None
+        try:
+            return body()
+        except KeyboardInterrupt:
+            return self._stop_all("interrupted", noun, 130)
+        except _Terminated:
+            return self._stop_all("terminated", noun, 143)
+        finally:  # whatever happened, nothing of ours outlives us; a half start included
+            if main:
+                signal.signal(signal.SIGTERM, previous)
+            _signal_groups(self.tasks.procs, signal.SIGKILL)
+            self.tasks.release()
 
     def _stop_all(self, why: str, noun: str | None, status: int) -> int:
         if noun:
