@@ -63,17 +63,15 @@ def child_setup() -> Callable[[], None] | None:
 
 
 def _signal_groups(procs: list[subprocess.Popen], sig: int) -> None:
-    for proc in procs:
-        try:
-            os.killpg(proc.pid, sig)  # the whole group: workers may have children of their own
-        except (ProcessLookupError, PermissionError):
-            pass
+    for proc in procs:  # the whole group: workers may have children of their own
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, sig)
 
 
-def stop(procs: list[subprocess.Popen], grace_s: float = _GRACE_S) -> None:
-    """SIGTERM every task's process group, then SIGKILL what is left after `grace_s`."""
+def stop(procs: list[subprocess.Popen]) -> None:
+    """SIGTERM every task's process group, then SIGKILL what is left a few seconds later."""
     _signal_groups([p for p in procs if p.poll() is None], signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
+    deadline = time.monotonic() + _GRACE_S
     while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
         time.sleep(POLL_S)
     _signal_groups(procs, signal.SIGKILL)
@@ -175,8 +173,7 @@ class Job:
     """One launch: its log folder, its shared stream, and the tasks it runs now."""
 
     def __init__(self, log_dir: str | os.PathLike | None, stream: TextIO | None):
-        fresh = log_dir is None
-        self.log_dir = Path(tempfile.mkdtemp(prefix="mdtrain-") if fresh else log_dir)
+        self.log_dir = Path(tempfile.mkdtemp(prefix="mdtrain-") if log_dir is None else log_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.stream = sys.stdout if stream is None else stream  # a notebook's, if it is one
         self.lock = threading.Lock()
@@ -222,18 +219,14 @@ class Job:
         previous = signal.signal(signal.SIGTERM, _raise_terminated) if main else None
         try:
             return body()
-        except KeyboardInterrupt:
-            return self._stop_all("interrupted", noun, 130)
-        except _Terminated:
-            return self._stop_all("terminated", noun, 143)
+        except (KeyboardInterrupt, _Terminated) as stopped:
+            ctrl_c = isinstance(stopped, KeyboardInterrupt)
+            if noun:
+                self.say(f"{'interrupted' if ctrl_c else 'terminated'}; stopping all {noun}")
+            stop(self.tasks.procs)
+            return 130 if ctrl_c else 143
         finally:  # whatever happened, nothing of ours outlives us; a half start included
             if main:
                 signal.signal(signal.SIGTERM, previous)
             _signal_groups(self.tasks.procs, signal.SIGKILL)
             self.tasks.release()
-
-    def _stop_all(self, why: str, noun: str | None, status: int) -> int:
-        if noun:
-            self.say(f"{why}; stopping all {noun}")
-        stop(self.tasks.procs)
-        return status
