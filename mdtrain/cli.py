@@ -121,13 +121,7 @@ def _add_train(sub) -> None:
     t.add_argument("--deterministic", action="store_true",
                    help="bit-reproducible runs (slower)")  # fmt: skip
     _add_train_keeping(t)
-    _use_train_config_defaults(t)
-
-
-def _use_train_config_defaults(t) -> None:
-    """`TrainConfig` holds each training default once: the options use and show its values."""
-    from mdtrain.training import TrainConfig  # no TensorFlow at import
-
+    # `TrainConfig` holds each training default once: the options use and show its values.
     t.set_defaults(**{f.name: f.default for f in dataclasses.fields(TrainConfig)})
 
 
@@ -217,10 +211,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _print_json(obj) -> None:
-    print(json.dumps(obj), flush=True)
-
-
 def _run_data(args) -> int:
     from mdtrain import sources
 
@@ -238,7 +228,7 @@ def _run_data(args) -> int:
 
         report = check_dataset(args.dir)
         if args.json:
-            _print_json(report.to_dict())
+            print(json.dumps(report.to_dict()), flush=True)
         else:
             print(report.to_text())
     return 0
@@ -253,7 +243,7 @@ def _run_train(args) -> int:
     import_tensorflow()
     result = train(config)
     if args.json and result.is_chief:  # one summary per job, not one per worker
-        _print_json(result.summary())
+        print(json.dumps(result.summary()), flush=True)
     return 0
 
 
@@ -288,7 +278,7 @@ def _run_predict(args) -> int:
     for note in result.notes:
         print(f"mdtrain: note: {note}", file=sys.stderr)
     if args.json:
-        _print_json(result.to_dict())
+        print(json.dumps(result.to_dict()), flush=True)
     else:
         print(result.to_text())
     return 0

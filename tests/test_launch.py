@@ -212,8 +212,10 @@ def test_a_line_the_stream_cannot_encode_is_escaped(tmp_path):
             return super().write(text)
 
     stream = AsciiOnly()
-    launch_mod.processes.Job(tmp_path, stream).write("worker 0", "café")
-    assert stream.getvalue() == "[worker 0] caf\\xe9\n"
+    cafe = [sys.executable, "-c", "print('caf\\xe9')"]  # a UTF-8 line from the worker
+    assert run_workers(cafe, 1, log_dir=tmp_path, stream=stream) == 0
+    assert "[worker 0] caf\\xe9\n" in stream.getvalue()
+    assert "café" in (tmp_path / "worker-0.log").read_text(encoding="utf-8")
 
 
 def test_returns_chief_status(tmp_path):
