@@ -137,7 +137,7 @@ def _add_train_keeping(t) -> None:
                    "(default: none: --cache auto streams what memory cannot hold)")  # fmt: skip
     t.add_argument("--backup-dir", help="back up to this folder every epoch, and resume from it "
                    "(default: no backups)")  # fmt: skip
-    t.add_argument("--backup-every-steps", type=_positive_int,
+    t.add_argument("--backup-every-steps", type=int,
                    help="also back up every N steps within an epoch (needs --backup-dir; "
                    "default: at the end of each epoch only)")  # fmt: skip
     t.add_argument("--output", help="new folder for model.keras, history.json, report.json "
@@ -153,7 +153,7 @@ def _add_launch(sub) -> None:
         "launch", help="run `mdtrain train --strategy multiworker` as N local workers",
         usage="mdtrain launch --workers N [--ps M] [--restarts R] [--gpus-per-worker K] -- <args>",
     )  # fmt: skip
-    la.add_argument("--workers", type=_positive_int, required=True,
+    la.add_argument("--workers", type=int, required=True,
                     help="worker processes on this machine, 127.0.0.1 only (required)")  # fmt: skip
     la.add_argument(
         "--ps", type=int, default=0, metavar="M",
