@@ -149,6 +149,8 @@ def _add_train_keeping(t) -> None:
 
 
 def _add_launch(sub) -> None:
+    from mdtrain.launcher.processes import HANG_TIMEOUT_S
+
     la = sub.add_parser(
         "launch", help="run `mdtrain train --strategy multiworker` as N local workers",
         usage="mdtrain launch --workers N [--ps M] [--restarts R] [--gpus-per-worker K] -- <args>",
@@ -163,7 +165,7 @@ def _add_launch(sub) -> None:
     la.add_argument("--restarts", type=int, default=0,
                     help="restart all workers up to R times when one fails")  # fmt: skip
     la.add_argument("--log-dir", help="per-worker logs (default: a temporary folder)")
-    la.add_argument("--hang-timeout", type=float, default=300.0,
+    la.add_argument("--hang-timeout", type=float, default=HANG_TIMEOUT_S,
                     help="seconds after which workers count as stuck: one finished and the "
                     "others not, or none printed anything")  # fmt: skip
     la.add_argument(

@@ -25,6 +25,7 @@ from typing import TextIO
 from mdtrain.errors import UsageError
 
 HANG_EXIT_CODE = 124
+HANG_TIMEOUT_S = 300.0  # the default of `mdtrain launch --hang-timeout` and of every job
 _GRACE_S = 5.0  # between SIGTERM and SIGKILL: long enough to flush logs, short enough to wait
 POLL_S = 0.1
 

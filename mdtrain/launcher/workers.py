@@ -15,6 +15,7 @@ from mdtrain.gpus import share_gpus, visible_gpus
 from mdtrain.launcher.addresses import free_addresses, tf_config
 from mdtrain.launcher.processes import (
     HANG_EXIT_CODE,
+    HANG_TIMEOUT_S,
     POLL_S,
     Job,
     Tasks,
@@ -33,7 +34,7 @@ def run_workers(
     restarts: int = 0,
     host: str = "127.0.0.1",
     log_dir: str | os.PathLike | None = None,
-    hang_timeout_s: float | None = 120.0,
+    hang_timeout_s: float | None = HANG_TIMEOUT_S,
     env: dict[str, str] | None = None,
     stream: TextIO | None = None,
     gpus_per_worker: int | None = None,
@@ -59,7 +60,7 @@ def run_workers(
             temporary folder whose path is printed at the start.
         hang_timeout_s: Seconds after which workers count as stuck, when one
             has finished and others have not, or none has printed anything.
-            `None` disables the check. Defaults to `120.0`.
+            `None` disables the check. Defaults to `300.0`.
         env: Environment for the workers. Defaults to `None`, this process's.
         stream: Where prefixed output and launcher messages go.
             Defaults to `None`, the `sys.stdout` of the moment (a notebook's too).
