@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
 import os
@@ -199,11 +200,9 @@ def kill_worker_when(
                 return  # the drill never came: a later job's worker must not pay for it
             time.sleep(POLL_S)
         for child in psutil.Process().children():
-            try:
+            with contextlib.suppress(psutil.Error):  # a child that is gone, or not ours to read
                 if child.environ().get("MDTRAIN_WORKER_INDEX") == str(index):
                     child.send_signal(signal.SIGKILL)
-            except psutil.Error:
-                pass
 
     thread = threading.Thread(target=watch, daemon=True)
     thread.start()
