@@ -121,13 +121,7 @@ def _add_train(sub) -> None:
     t.add_argument("--deterministic", action="store_true",
                    help="bit-reproducible runs (slower)")  # fmt: skip
     _add_train_keeping(t)
-    _use_train_config_defaults(t)
-
-
-def _use_train_config_defaults(t) -> None:
-    """`TrainConfig` holds each training default once: the options use and show its values."""
-    from mdtrain.training import TrainConfig  # no TensorFlow at import
-
+    # `TrainConfig` holds each training default once: the options use and show its values.
     t.set_defaults(**{f.name: f.default for f in dataclasses.fields(TrainConfig)})
 
 
@@ -143,7 +137,7 @@ def _add_train_keeping(t) -> None:
                    "(default: none: --cache auto streams what memory cannot hold)")  # fmt: skip
     t.add_argument("--backup-dir", help="back up to this folder every epoch, and resume from it "
                    "(default: no backups)")  # fmt: skip
-    t.add_argument("--backup-every-steps", type=_positive_int,
+    t.add_argument("--backup-every-steps", type=int,
                    help="also back up every N steps within an epoch (needs --backup-dir; "
                    "default: at the end of each epoch only)")  # fmt: skip
     t.add_argument("--output", help="new folder for model.keras, history.json, report.json "
@@ -155,11 +149,13 @@ def _add_train_keeping(t) -> None:
 
 
 def _add_launch(sub) -> None:
+    from mdtrain.launcher.processes import HANG_TIMEOUT_S
+
     la = sub.add_parser(
         "launch", help="run `mdtrain train --strategy multiworker` as N local workers",
         usage="mdtrain launch --workers N [--ps M] [--restarts R] [--gpus-per-worker K] -- <args>",
     )  # fmt: skip
-    la.add_argument("--workers", type=_positive_int, required=True,
+    la.add_argument("--workers", type=int, required=True,
                     help="worker processes on this machine, 127.0.0.1 only (required)")  # fmt: skip
     la.add_argument(
         "--ps", type=int, default=0, metavar="M",
@@ -169,7 +165,7 @@ def _add_launch(sub) -> None:
     la.add_argument("--restarts", type=int, default=0,
                     help="restart all workers up to R times when one fails")  # fmt: skip
     la.add_argument("--log-dir", help="per-worker logs (default: a temporary folder)")
-    la.add_argument("--hang-timeout", type=float, default=300.0,
+    la.add_argument("--hang-timeout", type=float, default=HANG_TIMEOUT_S,
                     help="seconds after which workers count as stuck: one finished and the "
                     "others not, or none printed anything")  # fmt: skip
     la.add_argument(
@@ -217,10 +213,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _print_json(obj) -> None:
-    print(json.dumps(obj), flush=True)
-
-
 def _run_data(args) -> int:
     from mdtrain import sources
 
@@ -238,7 +230,7 @@ def _run_data(args) -> int:
 
         report = check_dataset(args.dir)
         if args.json:
-            _print_json(report.to_dict())
+            print(json.dumps(report.to_dict()), flush=True)
         else:
             print(report.to_text())
     return 0
@@ -253,7 +245,7 @@ def _run_train(args) -> int:
     import_tensorflow()
     result = train(config)
     if args.json and result.is_chief:  # one summary per job, not one per worker
-        _print_json(result.summary())
+        print(json.dumps(result.summary()), flush=True)
     return 0
 
 
@@ -288,7 +280,7 @@ def _run_predict(args) -> int:
     for note in result.notes:
         print(f"mdtrain: note: {note}", file=sys.stderr)
     if args.json:
-        _print_json(result.to_dict())
+        print(json.dumps(result.to_dict()), flush=True)
     else:
         print(result.to_text())
     return 0

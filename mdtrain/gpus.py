@@ -3,70 +3,50 @@
 Without it every worker of `mdtrain launch` would see every GPU: on Kaggle's
 2×T4, 2 workers would each build 2 replicas on the same 2 GPUs. The GPUs are
 counted without TensorFlow (which must not start in the launcher): the
-launcher's own `CUDA_VISIBLE_DEVICES` when set, else `nvidia-smi -L`, else
-NVML, else none. `assign_gpus` is a pure function of that list, and
-`worker_devices` the choice a notebook makes for N local workers on whatever
-machine it runs: each worker its share of the GPUs, or, with fewer GPUs than
-workers, every worker on the CPU.
+launcher's own `CUDA_VISIBLE_DEVICES` when set, else NVML (the driver's
+library, which `nvidia-smi` reads too), else none. `worker_devices` is the
+choice a notebook makes for N local workers on whatever machine it runs: each
+worker its share of the GPUs, or, with fewer GPUs than workers, every worker
+on the CPU; `share_gpus` is what `mdtrain launch` sets, the same choice unless
+`--gpus-per-worker` asks for another.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-import re
-import shutil
-import subprocess
 from collections.abc import Mapping, Sequence
 
 from mdtrain.errors import UsageError
-
-_SMI_LINE = re.compile(r"^GPU (\d+):", re.M)  # "GPU 0: Tesla T4 (UUID: GPU-...)"; MIG lines differ
 
 
 def visible_gpus(env: Mapping[str, str] | None = None) -> list[str]:
     """Lists the GPUs a process started with `env` would see, without TensorFlow.
 
     Args:
-        env: The environment to read `CUDA_VISIBLE_DEVICES` and `PATH` from.
+        env: The environment to read `CUDA_VISIBLE_DEVICES` from.
             Defaults to `None`, this process's.
 
     Returns:
         The device ids as CUDA takes them in `CUDA_VISIBLE_DEVICES`: the
         entries of `env`'s `CUDA_VISIBLE_DEVICES` when it is set (indices or
         UUIDs, up to the first invalid one, as CUDA reads it), else `"0"`,
-        `"1"`, ... for each GPU that `nvidia-smi -L` or NVML reports; `[]`
-        on a machine without NVIDIA GPUs.
+        `"1"`, ... for each GPU that NVML reports; `[]` on a machine without
+        NVIDIA GPUs or driver.
 
     Example:
         >>> visible_gpus({"CUDA_VISIBLE_DEVICES": "2,3"})
         ['2', '3']
     """
-    env = os.environ if env is None else env
-    spec = env.get("CUDA_VISIBLE_DEVICES")
-    if spec is not None:
-        ids = []
-        for item in (s.strip() for s in spec.split(",")):
-            if not item or item.startswith("-"):
-                break  # CUDA stops at the first invalid entry; "-1" hides every GPU
-            ids.append(item)
-        return ids
-    count = _count_with_nvidia_smi(env.get("PATH"))
-    if count is None:
-        count = _count_with_nvml()
-    return [str(i) for i in range(count)]
-
-
-def _count_with_nvidia_smi(path: str | None) -> int | None:
-    smi = shutil.which("nvidia-smi", path=path)
-    if smi is None:
-        return None
-    try:
-        done = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    # nvidia-smi without a working driver exits non-zero: no GPU this process could use.
-    return len(_SMI_LINE.findall(done.stdout)) if done.returncode == 0 else 0
+    spec = (os.environ if env is None else env).get("CUDA_VISIBLE_DEVICES")
+    if spec is None:
+        return [str(i) for i in range(_count_with_nvml())]
+    ids = []
+    for item in (s.strip() for s in spec.split(",")):
+        if not item or item.startswith("-"):
+            break  # CUDA stops at the first invalid entry; "-1" hides every GPU
+        ids.append(item)
+    return ids
 
 
 def _count_with_nvml() -> int:
@@ -75,67 +55,21 @@ def _count_with_nvml() -> int:
 
         pynvml.nvmlInit()
         try:
-            return int(pynvml.nvmlDeviceGetCount())
+            return int(pynvml.nvmlDeviceGetCount())  # whole GPUs, not MIG slices
         finally:
             pynvml.nvmlShutdown()
     except Exception:  # no nvidia-ml-py, no driver, no GPU: all mean none to hand out
         return 0
 
 
-def assign_gpus(
-    gpus: Sequence[str], num_workers: int, gpus_per_worker: int | None = None
-) -> list[str] | None:
-    """Splits `gpus` into one `CUDA_VISIBLE_DEVICES` value per worker.
+def _split(gpus: Sequence[str], num_workers: int, per_worker: int) -> list[str]:
+    """Worker `i` gets `gpus[i*K:(i+1)*K]`, comma-separated: consecutive and disjoint."""
+    return [",".join(gpus[i * per_worker : (i + 1) * per_worker]) for i in range(num_workers)]
 
-    Args:
-        gpus: The device ids to share out, as from `visible_gpus`.
-        num_workers: How many workers. Must be at least 1.
-        gpus_per_worker: GPUs for each worker; `0` hides every GPU from the
-            workers (they run on the CPU). Defaults to `None`: `len(gpus) //
-            num_workers` each, and no change at all on a machine without GPUs.
 
-    Returns:
-        `None` when there is nothing to assign (no GPUs, `gpus_per_worker` not
-        given): the workers keep the launcher's environment. Otherwise one
-        comma-separated string per worker, consecutive and disjoint: worker
-        `i` gets `gpus[i*K:(i+1)*K]`; GPUs left over are not used.
-
-    Raises:
-        UsageError: If there are too few GPUs for the request, or
-            `gpus_per_worker` is negative.
-
-    Example:
-        >>> assign_gpus(["0", "1", "2", "3"], 2)
-        ['0,1', '2,3']
-        >>> assign_gpus(["0", "1"], 2, gpus_per_worker=0)
-        ['', '']
-    """
+def _check_workers(num_workers: int) -> None:
     if num_workers < 1:
         raise UsageError(f"--workers {num_workers}: pass 1 or more workers")
-    if gpus_per_worker is not None and gpus_per_worker < 0:
-        raise UsageError(f"--gpus-per-worker {gpus_per_worker}: pass 0 or more")
-    if gpus_per_worker is None:
-        if not gpus:
-            return None
-        if len(gpus) < num_workers:
-            raise UsageError(
-                f"{num_workers} workers but {_gpus(len(gpus))} visible: pass --workers {len(gpus)} "
-                "or fewer, or --gpus-per-worker 0 to run the workers on the CPU"
-            )
-        gpus_per_worker = len(gpus) // num_workers
-    needed = gpus_per_worker * num_workers
-    if needed > len(gpus):
-        raise UsageError(
-            f"--gpus-per-worker {gpus_per_worker} with {num_workers} workers needs {needed} "
-            f"GPUs but {_gpus(len(gpus))} visible: pass fewer workers or GPUs per worker"
-        )
-    return [
-        ",".join(gpus[i * gpus_per_worker : (i + 1) * gpus_per_worker]) for i in range(num_workers)
-    ]
-
-
-def _gpus(n: int) -> str:
-    return "no GPU is" if n == 0 else ("1 GPU is" if n == 1 else f"{n} GPUs are")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -205,10 +139,9 @@ def worker_devices(num_workers: int, gpus: Sequence[str] | None = None) -> Worke
         0
     """
     gpus = tuple(visible_gpus() if gpus is None else gpus)
-    if num_workers < 1:
-        raise UsageError(f"--workers {num_workers}: pass 1 or more workers")
+    _check_workers(num_workers)
     per_worker = len(gpus) // num_workers  # 0 with fewer GPUs than workers: the CPU
-    shares = assign_gpus(gpus, num_workers, per_worker)
+    shares = _split(gpus, num_workers, per_worker)
     return WorkerDevices(num_workers, gpus, per_worker, tuple(shares))
 
 
@@ -217,11 +150,12 @@ def share_gpus(
 ) -> tuple[list[str] | None, str | None]:
     """Each launched worker's `CUDA_VISIBLE_DEVICES`, and a line when it chose the CPU.
 
-    What `mdtrain launch` does, with or without parameter servers: as
-    `assign_gpus`, except with fewer GPUs than workers and no
-    `gpus_per_worker` given (2 workers on Colab's one GPU), where the workers
-    run on the CPU (`worker_devices`) rather than stop: two processes that
-    each take all of one GPU's memory would fail.
+    What `mdtrain launch` does, with or without parameter servers. Without
+    `gpus_per_worker` it makes `worker_devices`' choice: the GPUs split
+    evenly, or, with fewer GPUs than workers (2 workers on Colab's one GPU),
+    every worker on the CPU, and a line that says so; two processes that
+    each take all of one GPU's memory would fail. With `gpus_per_worker` K,
+    worker `i` gets `gpus[i*K:(i+1)*K]`; `0` hides every GPU (the CPU).
 
     Args:
         gpus: The visible GPUs (`visible_gpus`).
@@ -229,18 +163,36 @@ def share_gpus(
         gpus_per_worker: GPUs of each worker. Defaults to `None`: an even split.
 
     Returns:
-        `(assignment, note)`: `assign_gpus`'s list (`None`: the launcher's
-        environment, on a machine without GPUs), and the line to print when
-        the workers were put on the CPU, else `None`.
+        `(assignment, note)`: one comma-separated string per worker,
+        consecutive and disjoint (GPUs left over are not used), or `None` on
+        a machine without GPUs and no `gpus_per_worker`: the workers keep the
+        launcher's environment; and the line to print when the workers were
+        put on the CPU, else `None`.
 
     Raises:
-        UsageError: When `gpus_per_worker` asks for more GPUs than there are.
+        UsageError: If `num_workers < 1`, `gpus_per_worker` is negative, or
+            it asks for more GPUs than there are.
 
     Example:
+        >>> share_gpus(["0", "1", "2", "3"], 2)
+        (['0,1', '2,3'], None)
         >>> share_gpus(["0"], 2)
         (['', ''], '1 GPU for 2 workers: the workers run on the CPU, 1 replica each (a GPU serves one worker process); 2 replicas in all')
     """  # noqa: E501
-    if gpus_per_worker is None and 0 < len(gpus) < num_workers:
+    _check_workers(num_workers)
+    if gpus_per_worker is None:
+        if not gpus:
+            return None, None
         devices = worker_devices(num_workers, gpus)
-        return list(devices.cuda_visible_devices), devices.describe()
-    return assign_gpus(gpus, num_workers, gpus_per_worker), None
+        note = None if devices.gpus_per_worker else devices.describe()
+        return list(devices.cuda_visible_devices), note
+    if gpus_per_worker < 0:
+        raise UsageError(f"--gpus-per-worker {gpus_per_worker}: pass 0 or more")
+    needed = gpus_per_worker * num_workers
+    if needed > len(gpus):
+        there = {0: "no GPU is", 1: "1 GPU is"}.get(len(gpus), f"{len(gpus)} GPUs are")
+        raise UsageError(
+            f"--gpus-per-worker {gpus_per_worker} with {num_workers} workers needs {needed} "
+            f"GPUs but {there} visible: pass fewer workers or GPUs per worker"
+        )
+    return _split(gpus, num_workers, gpus_per_worker), None

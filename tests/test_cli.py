@@ -137,7 +137,8 @@ def _tree(root, spec):
         (["data", "synth", "x", "--seed", "-1"], "--seed -1"),
         (["train", "--epochs"], "expected one argument"),
         (["frobnicate"], "invalid choice"),
-        (["launch", "--workers", "0", "--", "--epochs", "1"], "must be at least 1"),
+        (["launch", "--workers", "0", "--", "--epochs", "1"], "--workers 0: pass 1 or more"),
+        (["train", "--backup-every-steps", "0"], "--backup-every-steps 0: must be at least 1"),
     ],
 )
 def test_bad_options_fail_fast_in_one_line(args, fragment):

@@ -11,8 +11,8 @@ parameter servers (`launch(..., num_ps=M)`, `run_ps_cluster`) it starts `ps`,
 Modules: `addresses` (free ports, `TF_CONFIG`), `processes` (one group of
 processes: start, pump output, stop them all whatever happens), `workers`
 (`run_workers`, restarts, hang detection, `kill_worker_when`),
-`parameter_servers` (`run_ps_cluster`), `jobs` (`launch`, `launch_ps`: the CLI's
-`mdtrain launch`). Every public name imports from `mdtrain.launcher`, with
+`parameter_servers` (`run_ps_cluster`), `jobs` (`launch`: the CLI's `mdtrain
+launch`). Every public name imports from `mdtrain.launcher`, with
 `worker_devices`, `share_gpus` (`mdtrain.gpus`): each local worker's GPUs, or the CPU.
 
 Exit codes of `run_workers` and `launch`: the chief's (worker 0's) status when
@@ -33,7 +33,7 @@ network namespace or container without outside access.
 
 from mdtrain.gpus import WorkerDevices, share_gpus, worker_devices
 from mdtrain.launcher.addresses import cluster_tf_config, free_ports, ps_cluster, tf_config
-from mdtrain.launcher.jobs import launch, launch_ps
+from mdtrain.launcher.jobs import launch
 from mdtrain.launcher.parameter_servers import run_ps_cluster
 from mdtrain.launcher.processes import HANG_EXIT_CODE
 from mdtrain.launcher.workers import USAGE_EXIT_CODE, kill_worker_when, run_workers
@@ -46,7 +46,6 @@ __all__ = [
     "free_ports",
     "kill_worker_when",
     "launch",
-    "launch_ps",
     "ps_cluster",
     "run_ps_cluster",
     "run_workers",

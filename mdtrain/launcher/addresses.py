@@ -57,12 +57,7 @@ def tf_config(worker_addresses: list[str], index: int) -> dict:
         >>> tf_config(["127.0.0.1:2222", "127.0.0.1:2223"], 1)["task"]
         {'type': 'worker', 'index': 1}
     """
-    if not 0 <= index < len(worker_addresses):
-        raise UsageError(f"worker index {index} is outside 0..{len(worker_addresses) - 1}")
-    return {
-        "cluster": {"worker": list(worker_addresses)},
-        "task": {"type": "worker", "index": index},
-    }
+    return cluster_tf_config({"worker": worker_addresses}, "worker", index)
 
 
 def cluster_tf_config(cluster: dict[str, list[str]], task_type: str, index: int) -> dict:
@@ -84,16 +79,16 @@ def cluster_tf_config(cluster: dict[str, list[str]], task_type: str, index: int)
         {'type': 'ps', 'index': 0}
     """
     if not 0 <= index < len(cluster.get(task_type, [])):
-        raise UsageError(f"no task {task_type} {index} in the cluster {sorted(cluster)}")
+        raise UsageError(f"no task {task_type} {index} in the cluster {cluster}")
     return {
         "cluster": {role: list(addresses) for role, addresses in cluster.items()},
         "task": {"type": task_type, "index": index},
     }
 
 
-def address(host: str, port: int) -> str:
-    """`host:port`, with an IPv6 host in brackets (`[::1]:2222`)."""
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+def free_addresses(n: int, host: str) -> list[str]:
+    """`n` free `host:port` addresses, with an IPv6 host in brackets (`[::1]:2222`)."""
+    return [f"[{host}]:{p}" if ":" in host else f"{host}:{p}" for p in free_ports(n, host)]
 
 
 def ps_cluster(num_workers: int, num_ps: int, host: str = "127.0.0.1") -> dict[str, list[str]]:
@@ -111,10 +106,5 @@ def ps_cluster(num_workers: int, num_ps: int, host: str = "127.0.0.1") -> dict[s
         >>> sorted(len(v) for v in ps_cluster(2, 1).values())
         [1, 1, 2]
     """
-    ports = free_ports(1 + num_workers + num_ps, host)
-    addresses = [address(host, p) for p in ports]
-    return {
-        "chief": addresses[:1],
-        "worker": addresses[1 : 1 + num_workers],
-        "ps": addresses[1 + num_workers :],
-    }
+    chief, *rest = free_addresses(1 + num_workers + num_ps, host)
+    return {"chief": [chief], "worker": rest[:num_workers], "ps": rest[num_workers:]}

@@ -18,13 +18,14 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import TextIO
 
 from mdtrain.errors import UsageError
 
 HANG_EXIT_CODE = 124
+HANG_TIMEOUT_S = 300.0  # the default of `mdtrain launch --hang-timeout` and of every job
 _GRACE_S = 5.0  # between SIGTERM and SIGKILL: long enough to flush logs, short enough to wait
 POLL_S = 0.1
 
@@ -63,17 +64,15 @@ def child_setup() -> Callable[[], None] | None:
 
 
 def _signal_groups(procs: list[subprocess.Popen], sig: int) -> None:
-    for proc in procs:
-        try:
-            os.killpg(proc.pid, sig)  # the whole group: workers may have children of their own
-        except (ProcessLookupError, PermissionError):
-            pass
+    for proc in procs:  # the whole group: workers may have children of their own
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, sig)
 
 
-def stop(procs: list[subprocess.Popen], grace_s: float = _GRACE_S) -> None:
-    """SIGTERM every task's process group, then SIGKILL what is left after `grace_s`."""
+def stop(procs: list[subprocess.Popen]) -> None:
+    """SIGTERM every task's process group, then SIGKILL what is left a few seconds later."""
     _signal_groups([p for p in procs if p.poll() is None], signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
+    deadline = time.monotonic() + _GRACE_S
     while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
         time.sleep(POLL_S)
     _signal_groups(procs, signal.SIGKILL)
@@ -81,22 +80,8 @@ def stop(procs: list[subprocess.Popen], grace_s: float = _GRACE_S) -> None:
         proc.wait()
 
 
-@contextlib.contextmanager
-def _sigterm_raises() -> Iterator[None]:
-    """Turns SIGTERM into `_Terminated` while the block runs (main thread only)."""
-    # SIGTERM (from kill, Slurm, docker stop) must stop the tasks too, not just end us.
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def on_sigterm(signum, frame):
-        raise _Terminated
-
-    previous = signal.signal(signal.SIGTERM, on_sigterm)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+def _raise_terminated(signum, frame) -> None:  # the SIGTERM handler while a job runs
+    raise _Terminated
 
 
 # TensorFlow's C++ runtime logs in glog's format ("E0000 00:00:1795393443.609882  30925
@@ -189,8 +174,7 @@ class Job:
     """One launch: its log folder, its shared stream, and the tasks it runs now."""
 
     def __init__(self, log_dir: str | os.PathLike | None, stream: TextIO | None):
-        fresh = log_dir is None
-        self.log_dir = Path(tempfile.mkdtemp(prefix="mdtrain-") if fresh else log_dir)
+        self.log_dir = Path(tempfile.mkdtemp(prefix="mdtrain-") if log_dir is None else log_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.stream = sys.stdout if stream is None else stream  # a notebook's, if it is one
         self.lock = threading.Lock()
@@ -230,19 +214,20 @@ class Job:
 
         With `noun` ("workers") it says what it stops.
         """
-        with _sigterm_raises():
-            try:
-                return body()
-            except KeyboardInterrupt:
-                return self._stop_all("interrupted", noun, 130)
-            except _Terminated:
-                return self._stop_all("terminated", noun, 143)
-            finally:  # whatever happened, nothing of ours outlives us; a half start included
-                _signal_groups(self.tasks.procs, signal.SIGKILL)
-                self.tasks.release()
-
-    def _stop_all(self, why: str, noun: str | None, status: int) -> int:
-        if noun:
-            self.say(f"{why}; stopping all {noun}")
-        stop(self.tasks.procs)
-        return status
+        # SIGTERM (from kill, Slurm, docker stop) must stop the tasks too, not just end us;
+        # only the main thread may set the handler.
+        main = threading.current_thread() is threading.main_thread()
+        previous = signal.signal(signal.SIGTERM, _raise_terminated) if main else None
+        try:
+            return body()
+        except (KeyboardInterrupt, _Terminated) as stopped:
+            ctrl_c = isinstance(stopped, KeyboardInterrupt)
+            if noun:
+                self.say(f"{'interrupted' if ctrl_c else 'terminated'}; stopping all {noun}")
+            stop(self.tasks.procs)
+            return 130 if ctrl_c else 143
+        finally:  # whatever happened, nothing of ours outlives us; a half start included
+            if main:
+                signal.signal(signal.SIGTERM, previous)
+            _signal_groups(self.tasks.procs, signal.SIGKILL)
+            self.tasks.release()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import dataclasses
+import contextlib
 import glob
 import json
 import os
@@ -13,9 +13,10 @@ from typing import TextIO
 
 from mdtrain.errors import UsageError
 from mdtrain.gpus import share_gpus, visible_gpus
-from mdtrain.launcher.addresses import address, free_ports, tf_config
+from mdtrain.launcher.addresses import free_addresses, tf_config
 from mdtrain.launcher.processes import (
     HANG_EXIT_CODE,
+    HANG_TIMEOUT_S,
     POLL_S,
     Job,
     Tasks,
@@ -27,58 +28,6 @@ from mdtrain.launcher.processes import (
 USAGE_EXIT_CODE = 2
 
 
-def _check_worker_args(command: list[str], num_workers: int, restarts: int, hang_timeout_s) -> None:
-    if not command:
-        raise UsageError("empty worker command; pass the program to run, e.g. ['python', 'x.py']")
-    if num_workers < 1:
-        raise UsageError(f"--workers {num_workers}: pass 1 or more workers")
-    if restarts < 0:
-        raise UsageError(f"--restarts {restarts}: pass 0 or more restarts")
-    check_hang_timeout(hang_timeout_s)
-
-
-@dataclasses.dataclass(frozen=True)
-class _Workers:
-    """What every attempt of `run_workers` starts: `command` as `num` workers on `host`."""
-
-    command: list[str]
-    num: int
-    host: str
-    env: dict[str, str]
-    gpus: list[str] | None
-
-    def attempts(self, job: Job, restarts: int, hang_timeout_s: float | None) -> int:
-        """Starts the workers until an attempt ends the job; returns its exit status."""
-        for number in range(1, restarts + 2):
-            tasks = self.start(job, number)
-            status = _watch(tasks, number, restarts, hang_timeout_s, job.say)
-            tasks.join()
-            if status is not None:
-                return status
-        raise AssertionError("unreachable: the last attempt always returns")
-
-    def start(self, job: Job, attempt: int) -> Tasks:
-        addresses = [address(self.host, port) for port in free_ports(self.num, self.host)]
-        job.say(f"attempt {attempt}: " + " ".join(addresses))
-        tasks = job.new_tasks()
-        header = f"=== attempt {attempt} ({time.strftime('%Y-%m-%d %H:%M:%S')}) ===\n"
-        for i in range(self.num):
-            tasks.spawn(self.command, self._env(addresses, i, attempt), f"worker {i}", header)
-        tasks.start_pumps()
-        return tasks
-
-    def _env(self, addresses: list[str], index: int, attempt: int) -> dict[str, str]:
-        env = dict(self.env)
-        env.update(
-            TF_CONFIG=json.dumps(tf_config(addresses, index)),
-            MDTRAIN_WORKER_INDEX=str(index),
-            MDTRAIN_ATTEMPT=str(attempt),
-        )
-        if self.gpus is not None:  # this worker's own GPUs, from mdtrain.gpus.assign_gpus
-            env["CUDA_VISIBLE_DEVICES"] = self.gpus[index]
-        return env
-
-
 def run_workers(
     command: list[str],
     num_workers: int,
@@ -86,7 +35,7 @@ def run_workers(
     restarts: int = 0,
     host: str = "127.0.0.1",
     log_dir: str | os.PathLike | None = None,
-    hang_timeout_s: float | None = 120.0,
+    hang_timeout_s: float | None = HANG_TIMEOUT_S,
     env: dict[str, str] | None = None,
     stream: TextIO | None = None,
     gpus_per_worker: int | None = None,
@@ -112,7 +61,7 @@ def run_workers(
             temporary folder whose path is printed at the start.
         hang_timeout_s: Seconds after which workers count as stuck, when one
             has finished and others have not, or none has printed anything.
-            `None` disables the check. Defaults to `120.0`.
+            `None` disables the check. Defaults to `300.0`.
         env: Environment for the workers. Defaults to `None`, this process's.
         stream: Where prefixed output and launcher messages go.
             Defaults to `None`, the `sys.stdout` of the moment (a notebook's too).
@@ -133,7 +82,11 @@ def run_workers(
     Example:
         >>> run_workers([sys.executable, "train.py"], 2, restarts=1)  # doctest: +SKIP
     """
-    _check_worker_args(command, num_workers, restarts, hang_timeout_s)
+    if not command:
+        raise UsageError("empty worker command; pass the program to run, e.g. ['python', 'x.py']")
+    if restarts < 0:
+        raise UsageError(f"--restarts {restarts}: pass 0 or more restarts")
+    check_hang_timeout(hang_timeout_s)
     gpus, note = share_gpus(visible_gpus(env), num_workers, gpus_per_worker)
     job = Job(log_dir, stream)
     job.say(f"{num_workers} workers on {host}; logs in {job.log_dir}")
@@ -142,67 +95,83 @@ def run_workers(
     if gpus is not None:
         shares = (f"worker {i}: {g or '(none)'}" for i, g in enumerate(gpus))
         job.say("CUDA_VISIBLE_DEVICES " + "; ".join(shares))
-    task_env = dict(os.environ if env is None else env)
+    base_env = dict(os.environ if env is None else env)
     if hang_timeout_s is not None:  # the chief's training shows life at least this often
-        task_env["MDTRAIN_HEARTBEAT_S"] = f"{hang_timeout_s / 4:g}"  # mdtrain.heartbeat
-    workers = _Workers(command, num_workers, host, task_env, gpus)
-    return job.run(lambda: workers.attempts(job, restarts, hang_timeout_s), noun="workers")
+        base_env["MDTRAIN_HEARTBEAT_S"] = f"{hang_timeout_s / 4:g}"  # mdtrain.heartbeat
+
+    def start(attempt: int) -> Tasks:
+        addresses = free_addresses(num_workers, host)  # fresh ones for every attempt
+        job.say(f"attempt {attempt}: " + " ".join(addresses))
+        tasks = job.new_tasks()
+        header = f"=== attempt {attempt} ({time.strftime('%Y-%m-%d %H:%M:%S')}) ===\n"
+        for i in range(num_workers):
+            worker_env = dict(base_env, TF_CONFIG=json.dumps(tf_config(addresses, i)))
+            worker_env.update(MDTRAIN_WORKER_INDEX=str(i), MDTRAIN_ATTEMPT=str(attempt))
+            if gpus is not None:  # this worker's own GPUs
+                worker_env["CUDA_VISIBLE_DEVICES"] = gpus[i]
+            tasks.spawn(command, worker_env, f"worker {i}", header)
+        tasks.start_pumps()
+        return tasks
+
+    def attempts() -> int:
+        attempt, status = 0, None
+        while status is None:  # None: restart; the last attempt always has a status
+            attempt += 1
+            tasks = start(attempt)
+            status = _watch(job, tasks, attempt, restarts, hang_timeout_s)
+            tasks.join()
+        return status
+
+    return job.run(attempts, noun="workers")
 
 
-def _watch(tasks: Tasks, number: int, restarts: int, hang_timeout_s, say) -> int | None:
+def _watch(job: Job, tasks: Tasks, attempt: int, restarts: int, hang_timeout_s) -> int | None:
     """Waits for one attempt; returns its exit status, or None to restart."""
-    procs = tasks.procs
-    first_done = None
+    procs, first_done = tasks.procs, None
+    limit = float("inf") if hang_timeout_s is None else hang_timeout_s
     while True:
         codes = [p.poll() for p in procs]
-        now = time.monotonic()
         failed = [(i, c) for i, c in enumerate(codes) if c not in (None, 0)]
         # Once the chief has finished cleanly the job's result is saved: later failures are noise.
         if failed and codes[0] != 0:
-            return _after_failure(procs, failed, number, restarts, say)
+            return _after_failure(job, procs, failed, attempt, restarts)
         running = [i for i, c in enumerate(codes) if c is None]
         if not running:
             if failed:
                 index, code = failed[0]
-                say(f"worker {index} exited with code {code} after the chief finished")
+                job.say(f"worker {index} exited with code {code} after the chief finished")
             return exit_status(codes[0])
+        now = time.monotonic()
         if first_done is None and len(running) < len(procs):
             first_done = now
-        why = _why_stuck(tasks, running, first_done, now, hang_timeout_s)
-        if why:
-            stuck = ", ".join(map(str, running))
-            say(
-                f"workers {stuck} appear stuck (probably waiting in a collective for a "
-                f"worker that is gone): {why}; stopping all; exit code {HANG_EXIT_CODE}"
-            )
-            stop(procs)
-            return HANG_EXIT_CODE
-        time.sleep(POLL_S)
+        if first_done is not None and now - first_done > limit:
+            why = f"worker {codes.index(0)} finished {now - first_done:.0f}s ago"
+        elif now - tasks.last_output > limit:
+            why = f"no output for {now - tasks.last_output:.0f}s"
+        else:
+            time.sleep(POLL_S)
+            continue
+        stuck = ", ".join(map(str, running))
+        job.say(
+            f"workers {stuck} appear stuck (probably waiting in a collective for a worker "
+            f"that is gone): {why}; stopping all; exit code {HANG_EXIT_CODE}"
+        )
+        stop(procs)
+        return HANG_EXIT_CODE
 
 
-def _after_failure(procs, failed, number: int, restarts: int, say) -> int | None:
+def _after_failure(job: Job, procs, failed, attempt: int, restarts: int) -> int | None:
     """Stops the workers after `failed`; returns the exit status, or None to restart."""
     # Exit code 2 is a usage error (argparse, mdtrain's CLI): a restart would repeat it.
     usage = any(c == USAGE_EXIT_CODE for _, c in failed)
-    left = number <= restarts and not usage
-    plan = f"restart {number} of {restarts}" if left else "no restarts left"
-    plan = "bad input, not restarting" if usage and number <= restarts else plan
+    left = attempt <= restarts and not usage
+    plan = f"restart {attempt} of {restarts}" if left else "no restarts left"
+    plan = "bad input, not restarting" if usage and attempt <= restarts else plan
     what = ", ".join(f"worker {i} exited with code {c}" for i, c in failed)
-    say(f"{what}; stopping the others; {plan}")
+    job.say(f"{what}; stopping the others; {plan}")
     stop(procs)
     # The chief's own failure if it failed, else the worker's: not our SIGTERM to the chief.
     return None if left else exit_status(failed[0][1])
-
-
-def _why_stuck(tasks: Tasks, running, first_done, now: float, hang_timeout_s) -> str | None:
-    if hang_timeout_s is None:
-        return None
-    if first_done is not None and now - first_done > hang_timeout_s:
-        done = [i for i in range(len(tasks.procs)) if i not in running]
-        return f"worker {done[0]} finished {now - first_done:.0f}s ago"
-    if now - tasks.last_output > hang_timeout_s:
-        return f"no output for {now - tasks.last_output:.0f}s"
-    return None
 
 
 def kill_worker_when(
@@ -231,11 +200,9 @@ def kill_worker_when(
                 return  # the drill never came: a later job's worker must not pay for it
             time.sleep(POLL_S)
         for child in psutil.Process().children():
-            try:
+            with contextlib.suppress(psutil.Error):  # a child that is gone, or not ours to read
                 if child.environ().get("MDTRAIN_WORKER_INDEX") == str(index):
                     child.send_signal(signal.SIGKILL)
-            except psutil.Error:
-                pass
 
     thread = threading.Thread(target=watch, daemon=True)
     thread.start()
