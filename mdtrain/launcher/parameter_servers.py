@@ -12,6 +12,7 @@ from mdtrain.gpus import share_gpus, visible_gpus
 from mdtrain.launcher.addresses import cluster_tf_config, ps_cluster
 from mdtrain.launcher.processes import (
     HANG_EXIT_CODE,
+    HANG_TIMEOUT_S,
     POLL_S,
     Job,
     Tasks,
@@ -29,7 +30,7 @@ def run_ps_cluster(
     *,
     host: str = "127.0.0.1",
     log_dir: str | os.PathLike | None = None,
-    hang_timeout_s: float | None = 300.0,
+    hang_timeout_s: float | None = HANG_TIMEOUT_S,
     env: dict[str, str] | None = None,
     stream: TextIO | None = None,
     gpus_per_worker: int | None = None,
