@@ -169,13 +169,13 @@ def test_meter_uses_logged_batch_size_and_wait():
 
 
 def test_meter_step_time_includes_fetching_between_steps():
-    # The loop fetches between batch_end and the next batch_begin: still step time.
+    # The loop fetches between one batch_end and the next step: still step time.
     clock = FakeClock()
     meter = ThroughputMeter(10, warmup_steps=0, clock=clock)
     meter.epoch_begin()
     for step in range(4):
         clock.advance(0.3)  # blocked on next(iterator)
-        clock.advance(0.1)
+        clock.advance(0.1)  # the step itself
         meter.batch_end(step, input_wait_s=0.3)
     rates = meter.epoch_rates()
     assert rates.step_time_s == pytest.approx(0.4)
@@ -231,8 +231,8 @@ def test_sampler_samples_in_background_and_stops():
     assert gpu.closed
 
 
-def test_sampler_without_gpu_says_so_once(monkeypatch, capsys):
-    monkeypatch.setattr(sampler_module, "_already_said", set())
+def test_sampler_without_gpu_says_so_once(capsys):
+    sampler_module.say_once.cache_clear()
     for _ in range(3):
         s = Sampler(0.05, gpu_reader=NoGpuReader(), cpu_reader=FakeCpuReader())
     err = capsys.readouterr().err
@@ -241,8 +241,8 @@ def test_sampler_without_gpu_says_so_once(monkeypatch, capsys):
     assert [d.kind for d in s.sample_now().devices] == ["cpu"]
 
 
-def test_a_monitor_that_shows_nothing_says_nothing_about_the_gpu(monkeypatch, capsys):
-    monkeypatch.setattr(sampler_module, "_already_said", set())
+def test_a_monitor_that_shows_nothing_says_nothing_about_the_gpu(capsys):
+    sampler_module.say_once.cache_clear()
     s = Sampler(0.05, gpu_reader=NoGpuReader(), cpu_reader=FakeCpuReader(), quiet=True)
     assert capsys.readouterr().err == ""
     assert not s.has_gpu  # it still samples the CPU alone
@@ -445,7 +445,8 @@ def test_callback_reads_the_trainers_step_figures(keras, capsys):
     from mdtrain.monitor import MonitorCallback
 
     sampler = FakeSampler(gpu_util=35.0)
-    monitor = MonitorCallback(64, display="text", sampler=sampler)
+    monitor = MonitorCallback(64, display="text")
+    monitor.sampler = sampler
     trainer = types.SimpleNamespace(last_step=None)
     callbacks = keras.callbacks.CallbackList([monitor], epochs=2, steps=4)
     monitor.set_model(trainer)
@@ -511,7 +512,8 @@ def test_one_run_across_several_fit_calls(keras):
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
     model.compile("sgd", "mse")
     sampler = FakeSampler(gpu_util=None)
-    monitor = MonitorCallback(8, display="none", sampler=sampler)
+    monitor = MonitorCallback(8, display="none")
+    monitor.sampler = sampler
     with monitor.run():
         model.fit(x, y, batch_size=8, epochs=2, callbacks=[monitor], verbose=0)
         model.fit(x, y, batch_size=8, initial_epoch=2, epochs=3, callbacks=[monitor], verbose=0)

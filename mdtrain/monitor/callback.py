@@ -20,7 +20,13 @@ from mdtrain.monitor.throughput import ThroughputMeter
 
 
 class MonitorCallback(keras.callbacks.Callback):
-    """Measures images/sec, step time and input wait; samples GPUs and CPU.
+    """The training monitor: a dashboard in notebooks, text elsewhere, a summary at the end.
+
+    Measures images/sec, step time and input wait, and samples GPUs and CPU.
+    ``display="auto"`` shows the ipywidgets dashboard inside a notebook kernel
+    (unless ``MDTRAIN_SMOKE=1``) and one text line per epoch otherwise;
+    ``"none"`` measures without printing. ``monitor.summary()`` gives the
+    figures and verdict after training. ``mdtrain.make_monitor`` is this class.
 
     Images are counted on the GLOBAL batch (all replicas). A model that
     records its last step as ``model.last_step`` (mdtrain's `ExactTrainer`
@@ -42,15 +48,13 @@ class MonitorCallback(keras.callbacks.Callback):
         augments_on_device: Whether the training step augments
             (``mdtrain train``'s default, ``--augment-in model``), for the verdict's advice.
             Defaults to ``False``.
-        sampler: The `Sampler` to read, started and stopped with training.
-            Defaults to ``None`` (a new `Sampler` every ``interval_s``).
 
     Example:
 
     ```python
-    monitor = MonitorCallback(global_batch_size=256, display="text")
-    model.fit(train_ds, epochs=3, callbacks=[monitor])
-    print(monitor.summary().verdict)
+    monitor = make_monitor(global_batch_size=256, epochs=5)
+    model.fit(train_ds, epochs=5, callbacks=[monitor])
+    print(monitor.summary())
     ```
     """
 
@@ -63,16 +67,13 @@ class MonitorCallback(keras.callbacks.Callback):
         display: str = "auto",
         interval_s: float = 0.5,
         augments_on_device: bool = False,
-        sampler: Sampler | None = None,
     ) -> None:
         super().__init__()
         self.global_batch_size = int(global_batch_size)
         self.display = resolve_display(display)
         self.augments_on_device = augments_on_device
         self.meter = ThroughputMeter(self.global_batch_size)
-        if sampler is None:
-            sampler = Sampler(interval_s, quiet=self.display == "none")
-        self.sampler = sampler
+        self.sampler = Sampler(interval_s, quiet=self.display == "none")
         self.dashboard = None  # the live view of the latest run, with display="widget"
         self.epoch = 0  # the current epoch, zero-based
         self._epochs = epochs
@@ -199,48 +200,5 @@ class MonitorCallback(keras.callbacks.Callback):
         self.dashboard.start()
 
 
-def make_monitor(
-    global_batch_size: int,
-    *,
-    epochs: int | None = None,
-    steps_per_epoch: int | None = None,
-    display: str = "auto",
-    interval_s: float = 0.5,
-    augments_on_device: bool = False,
-) -> keras.callbacks.Callback:
-    """Builds the training monitor: a dashboard in notebooks, text elsewhere.
-
-    ``display="auto"`` shows the ipywidgets dashboard inside a notebook kernel
-    (unless ``MDTRAIN_SMOKE=1``) and one text line per epoch otherwise;
-    ``"none"`` measures without printing. ``monitor.summary()`` gives the
-    figures and verdict after training.
-
-    Args:
-        global_batch_size: Examples per step over all replicas.
-        epochs: Total epochs, for progress and ETA. Defaults to ``None``.
-        steps_per_epoch: Steps per epoch. Defaults to ``None``.
-        display: ``"auto"``, ``"widget"``, ``"text"`` or ``"none"``.
-            Defaults to ``"auto"``.
-        interval_s: Seconds between GPU/CPU samples. Defaults to ``0.5``.
-        augments_on_device: Whether the training step augments, for the
-            verdict's advice. Defaults to ``False``.
-
-    Returns:
-        A `MonitorCallback`.
-
-    Example:
-
-    ```python
-    monitor = make_monitor(global_batch_size=256, epochs=5)
-    model.fit(train_ds, epochs=5, callbacks=[monitor])
-    print(monitor.summary())
-    ```
-    """
-    return MonitorCallback(
-        global_batch_size,
-        epochs=epochs,
-        steps_per_epoch=steps_per_epoch,
-        display=display,
-        interval_s=interval_s,
-        augments_on_device=augments_on_device,
-    )
+# The front door's name (`mdtrain.make_monitor`): the monitor is built by calling its class.
+make_monitor = MonitorCallback

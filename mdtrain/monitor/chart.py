@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import io
 
+import numpy as np
+
 from mdtrain.monitor.text import short_name
 
 Point = tuple[float, "float | None", "dict[str, float]"]
@@ -85,5 +87,4 @@ class Chart:
 def _thin(points: list[Point], n: int) -> list[Point]:
     if len(points) <= n:
         return points
-    step = (len(points) - 1) / (n - 1)
-    return [points[round(i * step)] for i in range(n)]
+    return [points[i] for i in np.linspace(0, len(points) - 1, n).round().astype(int)]
