@@ -133,7 +133,13 @@ class MonitorCallback(keras.callbacks.Callback):
             self._shell = sys.modules["IPython"].get_ipython()
             self._shell.events.register("post_run_cell", self._finish)
         if self.display == "widget":
-            self._start_dashboard()
+            from IPython.display import display
+
+            from mdtrain.monitor.dashboard import Dashboard
+
+            self.dashboard = Dashboard(self)  # a fresh one per run: charts do not continue
+            display(self.dashboard.widget)
+            self.dashboard.start()
 
     def on_epoch_begin(self, epoch, logs=None):
         self.epoch = int(epoch)
@@ -189,15 +195,6 @@ class MonitorCallback(keras.callbacks.Callback):
         self.sampler.stop()  # takes a last sample: the figures are final from here
         if self.dashboard is not None:
             self.dashboard.stop()
-
-    def _start_dashboard(self) -> None:
-        from IPython.display import display
-
-        from mdtrain.monitor.dashboard import Dashboard
-
-        self.dashboard = Dashboard(self)  # a fresh one per run: charts do not continue
-        display(self.dashboard.widget)
-        self.dashboard.start()
 
 
 # The front door's name (`mdtrain.make_monitor`): the monitor is built by calling its class.
