@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-WINDOW = 20  # steps in the "current" rate a live view shows
+WINDOW = 20  # `batch_end` calls in the "current" rate a live view shows
 
 
 @dataclass(frozen=True)
@@ -164,7 +164,7 @@ class ThroughputMeter:
             return self._epoch.rates()
 
     def current_rates(self) -> Rates:
-        """Rates over the last 20 steps: what a live view shows."""
+        """Rates over the last 20 `batch_end` calls: what a live view shows."""
         with self._lock:
             recent = list(self._recent)
         totals = _Totals()
