@@ -37,11 +37,9 @@ def callback_cost_s() -> float:
     """Mean seconds per step spent in the monitor's batch hooks, dashboard live."""
     import keras
 
-    from mdtrain.monitor import Dashboard, MonitorCallback
+    from mdtrain.monitor import MonitorCallback
 
-    monitor = MonitorCallback(
-        64, epochs=1, steps_per_epoch=CALLBACK_STEPS, display="widget", dashboard=Dashboard()
-    )
+    monitor = MonitorCallback(64, epochs=1, steps_per_epoch=CALLBACK_STEPS, display="widget")
     callbacks = keras.callbacks.CallbackList([monitor], epochs=1, steps=CALLBACK_STEPS)
     with contextlib.redirect_stdout(io.StringIO()):  # display() outside a kernel prints a repr
         callbacks.on_train_begin()
@@ -110,7 +108,7 @@ def main() -> dict:
     step, device = training_step_s()
     from mdtrain.monitor import Dashboard
 
-    chart_every_s = Dashboard().chart_every_s
+    chart_every_s = Dashboard(monitor=None).chart_every_s
     result = {
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
         "callback_cost_per_step_us": round(per_step * 1e6, 2),

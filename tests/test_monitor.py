@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import subprocess
 import sys
 import time
+import types
 from pathlib import Path
 
 import pytest
@@ -25,7 +25,6 @@ from mdtrain.monitor import (
     verdict,
 )
 from mdtrain.monitor import sampler as sampler_module
-from mdtrain.monitor.nvml import _visible_indices
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -140,7 +139,6 @@ def test_verdict_names_the_wait_share_and_the_fix():
 
 def _run_steps(meter, clock, n, seconds, **logs):
     for step in range(n):
-        meter.batch_begin(step)
         clock.advance(seconds)
         meter.batch_end(step, **logs)
 
@@ -162,7 +160,6 @@ def test_meter_uses_logged_batch_size_and_wait():
     meter = ThroughputMeter(100, warmup_steps=0, clock=clock)
     meter.epoch_begin()
     _run_steps(meter, clock, 3, 0.5, batch_size=100, input_wait_s=0.2)
-    meter.batch_begin(3)
     clock.advance(0.25)
     meter.batch_end(3, batch_size=30, input_wait_s=0.0)  # the partial last batch
     rates = meter.epoch_rates()
@@ -172,14 +169,13 @@ def test_meter_uses_logged_batch_size_and_wait():
 
 
 def test_meter_step_time_includes_fetching_between_steps():
-    # The loop fetches between batch_end and the next batch_begin: still step time.
+    # The loop fetches between one batch_end and the next step: still step time.
     clock = FakeClock()
     meter = ThroughputMeter(10, warmup_steps=0, clock=clock)
     meter.epoch_begin()
     for step in range(4):
         clock.advance(0.3)  # blocked on next(iterator)
-        meter.batch_begin(step)
-        clock.advance(0.1)
+        clock.advance(0.1)  # the step itself
         meter.batch_end(step, input_wait_s=0.3)
     rates = meter.epoch_rates()
     assert rates.step_time_s == pytest.approx(0.4)
@@ -190,12 +186,12 @@ def test_meter_handles_steps_per_execution():
     clock = FakeClock()
     meter = ThroughputMeter(8, warmup_steps=0, clock=clock)
     meter.epoch_begin()
-    meter.batch_begin(0)
     for batch in (3, 7, 11):  # Keras reports every 4th step
         clock.advance(0.4)
         meter.batch_end(batch)
     rates = meter.epoch_rates()
     assert rates.steps == 12 and rates.images == 96
+    assert meter.current_rates().step_time_s == pytest.approx(0.1)  # the live view too
 
 
 def test_meter_epoch_gap_is_not_step_time():
@@ -235,8 +231,8 @@ def test_sampler_samples_in_background_and_stops():
     assert gpu.closed
 
 
-def test_sampler_without_gpu_says_so_once(monkeypatch, capsys):
-    monkeypatch.setattr(sampler_module, "_already_said", set())
+def test_sampler_without_gpu_says_so_once(capsys):
+    sampler_module.say_once.cache_clear()
     for _ in range(3):
         s = Sampler(0.05, gpu_reader=NoGpuReader(), cpu_reader=FakeCpuReader())
     err = capsys.readouterr().err
@@ -245,8 +241,8 @@ def test_sampler_without_gpu_says_so_once(monkeypatch, capsys):
     assert [d.kind for d in s.sample_now().devices] == ["cpu"]
 
 
-def test_a_monitor_that_shows_nothing_says_nothing_about_the_gpu(monkeypatch, capsys):
-    monkeypatch.setattr(sampler_module, "_already_said", set())
+def test_a_monitor_that_shows_nothing_says_nothing_about_the_gpu(capsys):
+    sampler_module.say_once.cache_clear()
     s = Sampler(0.05, gpu_reader=NoGpuReader(), cpu_reader=FakeCpuReader(), quiet=True)
     assert capsys.readouterr().err == ""
     assert not s.has_gpu  # it still samples the CPU alone
@@ -266,18 +262,6 @@ def test_real_cpu_reader_and_default_sampler():
         time.sleep(0.12)
     cpu = s.latest().devices[-1]
     assert cpu.kind == "cpu" and cpu.memory_used > 0 and 0 <= cpu.utilization <= 100
-
-
-def test_cuda_visible_devices_is_honoured(monkeypatch):
-    uuids = ["GPU-aaa", "GPU-bbb", "GPU-ccc"]
-    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    assert _visible_indices(3, uuids) == [0, 1, 2]
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,0")
-    assert _visible_indices(3, uuids) == [2, 0]
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-bbb")
-    assert _visible_indices(3, uuids) == [1]
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "-1")
-    assert _visible_indices(3, uuids) == []
 
 
 def _nvml_error() -> str | None:
@@ -345,6 +329,32 @@ def test_summary_means_peaks_and_json():
     assert "500.0 images/sec" in text and "verdict: compute-bound" in text
 
 
+def test_the_text_forms_read_exactly_so():
+    from mdtrain.monitor.text import device_text, epoch_line
+
+    gpu = DeviceSample("GPU 0 (Fake)", "gpu", 87.0, 2**30, 2**34, 70.4, 61.0)
+    sample = Sample(time=0.0, devices=(gpu, DeviceSample("CPU", "cpu", 40.0, 2**30, 8 * 2**30)))
+    summary = summarize(Rates(50, 12800, 10.37, 1234.5, 0.0259, 0.12), [sample])
+    assert epoch_line(1, 5, summary) == (
+        "epoch 2/5: 50 steps, 1234.5 images/sec, step 25.9 ms, input wait 12%, "
+        "util GPU 0 87%, CPU 40%"
+    )
+    empty = summarize(Rates(0, 0, 0.0, None, None, None), [])
+    assert epoch_line(0, None, empty) == (
+        "epoch 1: 0 steps, n/a images/sec, step n/a, input wait unknown (model.fit), util n/a"
+    )
+    assert str(summary) == format_summary(summary)
+    assert format_summary(summary) == (
+        "mdtrain monitor: 50 steps, 1234.5 images/sec, step 25.9 ms, input wait 12%\n"
+        "  GPU 0 (Fake): mean 87%, peak 87%, peak memory 1.0/16.0 GiB\n"
+        "  CPU: mean 40%, peak 40%, peak memory 1.0/8.0 GiB\n"
+        "  verdict: input-bound (moderately): the devices waited 12% of each step — "
+        "cache the dataset, prefetch, or move augmentation onto the device"
+    )
+    assert device_text(gpu) == "87% · 1.0/16.0 GiB · 70 W · 61°C"
+    assert device_text(DeviceSample("GPU 1", "gpu")) == "n/a"
+
+
 def test_resolve_display(monkeypatch):
     monkeypatch.delenv("MDTRAIN_SMOKE", raising=False)
     assert resolve_display("auto") == "text"  # pytest is not a notebook kernel
@@ -370,39 +380,55 @@ def test_resolve_display_smoke_means_text(monkeypatch):
 # --- dashboard -----------------------------------------------------------------------
 
 
-def _state(ips=1234.5, verdict_text=None):
-    from mdtrain.monitor import DashboardState
-
-    rates = Rates(10, 1000, 1.0, ips, 0.05, None)
-    return DashboardState(1, 3, 5, 10, 12.0, rates, FakeSampler().latest(), verdict_text)
+def _watched_monitor():
+    """What the dashboard reads from a `MonitorCallback`, without Keras: epoch 2/3, step 5/10."""
+    clock = FakeClock()
+    meter = ThroughputMeter(1000, warmup_steps=0, clock=clock)
+    meter.epoch_begin()
+    _run_steps(meter, clock, 5, 0.8)
+    sampler = FakeSampler()
+    return types.SimpleNamespace(
+        meter=meter,
+        sampler=sampler,
+        epoch=1,
+        epochs=3,
+        steps_per_epoch=10,
+        summary=lambda: summarize(meter.train_rates(), sampler.history()),
+    )
 
 
 def test_dashboard_shows_rates_devices_and_chart():
     from mdtrain.monitor import Dashboard
 
-    dash = Dashboard(chart_every_s=0.0)
-    dash.update(_state())
+    dash = Dashboard(_watched_monitor(), chart_every_s=0.0)
+    dash.update()
     assert "mdtrain-images-per-sec" in dash.images_per_sec._dom_classes
-    assert "1234.5" in dash.images_per_sec.value
-    assert "epoch 2/3" in dash.header.value and "ETA 0:12" in dash.header.value
-    assert "input wait unknown" in dash.stats.value
-    assert len(dash.devices.children) == 2  # GPU 0 and CPU
+    assert "1250.0" in dash.images_per_sec.value
+    assert "epoch 2/3 · step 5/10 · ETA 0:12" in dash.header.value  # 15 steps of 0.8 s left
+    assert dash.stats.value == "step 800.0 ms · input wait unknown (model.fit)"
+    gpu_row, cpu_row = dash.devices.children
+    assert gpu_row.children[3].value == "90% · 1.0/16.0 GiB"
     assert dash.chart.value[:4] == b"\x89PNG"
-    dash.update(_state(verdict_text="compute-bound: fine"), force_chart=True)
-    assert "compute-bound" in dash.verdict.value and "done" in dash.header.value
+    dash.update(final=True)
+    assert "verdict:</b> compute-bound" in dash.verdict.value and "done" in dash.header.value
 
 
 def test_dashboard_thread_refreshes_and_stops():
     from mdtrain.monitor import Dashboard
 
-    dash = Dashboard(refresh_s=0.01, chart_every_s=10.0)
+    monitor = _watched_monitor()
     calls = []
-    dash.start(lambda: calls.append(1) or _state(ips=42.0))
+    live_rates = monitor.meter.current_rates
+    monitor.meter.current_rates = lambda: calls.append(1) or live_rates()
+    dash = Dashboard(monitor, refresh_s=0.01, chart_every_s=10.0)
+    dash.start()
     deadline = time.monotonic() + 5
     while len(calls) < 3 and time.monotonic() < deadline:
         time.sleep(0.01)
-    dash.stop(_state(ips=43.0, verdict_text="unknown: x"))
-    assert "43.0" in dash.images_per_sec.value and dash.chart.value[:4] == b"\x89PNG"
+    dash.stop()
+    assert len(calls) >= 3
+    assert "1250.0" in dash.images_per_sec.value and dash.chart.value[:4] == b"\x89PNG"
+    assert "compute-bound" in dash.verdict.value
 
 
 # --- the Keras callback --------------------------------------------------------------
@@ -413,16 +439,14 @@ def keras():
     return pytest.importorskip("keras")
 
 
-def test_callback_reads_the_trainers_step_figures(keras):
+def test_callback_reads_the_trainers_step_figures(keras, capsys):
     """Driven as mdtrain's loops drive it: the model records each step's real size and wait."""
-    import types
-
     from mdtrain.loop import StepStats
     from mdtrain.monitor import MonitorCallback
 
     sampler = FakeSampler(gpu_util=35.0)
-    stream = io.StringIO()
-    monitor = MonitorCallback(64, display="text", sampler=sampler, stream=stream, warmup_steps=0)
+    monitor = MonitorCallback(64, display="text")
+    monitor.sampler = sampler
     trainer = types.SimpleNamespace(last_step=None)
     callbacks = keras.callbacks.CallbackList([monitor], epochs=2, steps=4)
     monitor.set_model(trainer)
@@ -441,14 +465,17 @@ def test_callback_reads_the_trainers_step_figures(keras):
     callbacks.on_train_end()
 
     summary = monitor.summary()
-    assert summary.steps == 8 and summary.images == 2 * (3 * 64 + 10)
+    assert summary.steps == 7  # the first step (tracing, compiling) is left out
+    assert summary.images == 2 * (3 * 64 + 10) - 64
     assert 0.3 < summary.input_wait_share <= 0.6
     assert summary.verdict.startswith("input-bound (highly)")
     assert sampler.started == 1 and sampler.stopped == 1
-    lines = stream.getvalue().splitlines()
-    assert lines[0].startswith("epoch 1/2: 4 steps,") and "images/sec" in lines[0]
-    assert "GPU 0 35%" in lines[0] and "input wait" in lines[0]
-    assert any(line.strip().startswith("verdict: input-bound") for line in lines)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("epoch 1/2: 3 steps,") and lines[1].startswith("epoch 2/2: 4 steps,")
+    assert "images/sec" in lines[0] and "GPU 0 35%" in lines[0] and "input wait" in lines[0]
+    assert lines[2] == str(summary).splitlines()[0]
+    assert lines[2].startswith("mdtrain monitor: 7 steps")
+    assert lines[-1] == f"  verdict: {summary.verdict}"
 
 
 def test_callback_under_fit_and_display_none(keras, capsys):
@@ -485,7 +512,8 @@ def test_one_run_across_several_fit_calls(keras):
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
     model.compile("sgd", "mse")
     sampler = FakeSampler(gpu_util=None)
-    monitor = MonitorCallback(8, display="none", sampler=sampler)
+    monitor = MonitorCallback(8, display="none")
+    monitor.sampler = sampler
     with monitor.run():
         model.fit(x, y, batch_size=8, epochs=2, callbacks=[monitor], verbose=0)
         model.fit(x, y, batch_size=8, initial_epoch=2, epochs=3, callbacks=[monitor], verbose=0)

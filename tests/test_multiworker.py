@@ -18,6 +18,7 @@ import pytest
 from tests.test_resume import (
     TIMEOUT_S,
     TRAIN_ARGS,
+    assert_same_history,
     dataset,
     env,
     max_relative_difference,
@@ -141,3 +142,5 @@ def test_killed_worker_is_restarted_and_resumes(two_workers, tmp_path_factory, t
     # Resumed after the crash == the same 2 workers uninterrupted.
     _, work, _ = two_workers
     assert max_relative_difference(work / "out" / "model.keras", out / "model.keras") < 1e-4
+    # ... and logs the same figures, the resumed epoch's training metrics included.
+    assert_same_history(work / "out" / "history.json", out / "history.json", rel=1e-4)

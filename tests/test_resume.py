@@ -80,12 +80,12 @@ def max_relative_difference(a_file: Path, b_file: Path) -> float:
     return max_weight_difference(a_file, b_file)
 
 
-def assert_same_history(a_file: Path, b_file: Path) -> None:
+def assert_same_history(a_file: Path, b_file: Path, rel: float = 1e-5) -> None:
     """Two `history.json` files hold the same figures, epoch by epoch, to float rounding."""
     a, b = (json.loads(Path(f).read_text()) for f in (a_file, b_file))
     assert len(a) == len(b) and a, (a, b)
     for row_a, row_b in zip(a, b, strict=True):
-        assert row_a == pytest.approx(row_b, rel=1e-5, abs=0.0)
+        assert row_a == pytest.approx(row_b, rel=rel, abs=0.0)
 
 
 def wait_for(predicate, proc: subprocess.Popen, timeout_s: float = TIMEOUT_S) -> None:

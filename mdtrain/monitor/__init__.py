@@ -24,7 +24,8 @@ from mdtrain.monitor.display import in_notebook_kernel, resolve_display
 from mdtrain.monitor.nvml import NvmlReader
 from mdtrain.monitor.sampler import Sampler
 from mdtrain.monitor.samples import DeviceSample, Sample
-from mdtrain.monitor.summary import DeviceSummary, Summary, format_summary, summarize
+from mdtrain.monitor.summary import DeviceSummary, Summary, summarize
+from mdtrain.monitor.text import format_summary
 from mdtrain.monitor.throughput import Rates, ThroughputMeter
 from mdtrain.monitor.verdict import verdict
 
@@ -34,13 +35,11 @@ _LAZY = {
     "MonitorCallback": "mdtrain.monitor.callback",
     "make_monitor": "mdtrain.monitor.callback",
     "Dashboard": "mdtrain.monitor.dashboard",
-    "DashboardState": "mdtrain.monitor.dashboard",
 }
 
 __all__ = [
     "CpuReader",
     "Dashboard",
-    "DashboardState",
     "DeviceSample",
     "DeviceSummary",
     "MonitorCallback",

@@ -9,18 +9,24 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
-from typing import TextIO
 
 import keras
 
 from mdtrain.monitor.display import in_notebook_kernel, resolve_display
-from mdtrain.monitor.summary import Summary, format_summary, mean_utilization, summarize
+from mdtrain.monitor.sampler import Sampler
+from mdtrain.monitor.summary import Summary, summarize
 from mdtrain.monitor.text import epoch_line
 from mdtrain.monitor.throughput import ThroughputMeter
 
 
 class MonitorCallback(keras.callbacks.Callback):
-    """Measures images/sec, step time and input wait; samples GPUs and CPU.
+    """The training monitor: a dashboard in notebooks, text elsewhere, a summary at the end.
+
+    Measures images/sec, step time and input wait, and samples GPUs and CPU.
+    ``display="auto"`` shows the ipywidgets dashboard inside a notebook kernel
+    (unless ``MDTRAIN_SMOKE=1``) and one text line per epoch otherwise;
+    ``"none"`` measures without printing. ``monitor.summary()`` gives the
+    figures and verdict after training. ``mdtrain.make_monitor`` is this class.
 
     Images are counted on the GLOBAL batch (all replicas). A model that
     records its last step as ``model.last_step`` (mdtrain's `ExactTrainer`
@@ -28,7 +34,8 @@ class MonitorCallback(keras.callbacks.Callback):
     examples of the step, right for a partial batch, and ``input_wait_s``,
     seconds blocked on the input before it) gets exact counts and an input-wait
     share. For any other model every step counts ``global_batch_size`` and the
-    wait share is ``None``; the verdict then rests on GPU utilisation.
+    wait share is ``None``; the verdict then rests on GPU utilisation. The
+    first step of training (tracing, compilation) is left out of the rates.
 
     Args:
         global_batch_size: Examples per step over all replicas.
@@ -38,14 +45,6 @@ class MonitorCallback(keras.callbacks.Callback):
         display: ``"widget"``, ``"text"``, ``"none"`` or ``"auto"`` (see
             `resolve_display`). Defaults to ``"auto"``.
         interval_s: Seconds between device samples. Defaults to ``0.5``.
-        sampler: A `Sampler` or any object with ``latest()``, ``history(since)``
-            and optionally ``start()``/``stop()``. Defaults to ``None`` (a new
-            `Sampler`, started and stopped with training).
-        dashboard: A `Dashboard` to drive when ``display="widget"``.
-            Defaults to ``None`` (a new one).
-        stream: Where text lines go. Defaults to ``sys.stdout``.
-        warmup_steps: Steps at the start of training left out of rates
-            (tracing, compilation). Defaults to ``1``.
         augments_on_device: Whether the training step augments
             (``mdtrain train``'s default, ``--augment-in model``), for the verdict's advice.
             Defaults to ``False``.
@@ -53,9 +52,9 @@ class MonitorCallback(keras.callbacks.Callback):
     Example:
 
     ```python
-    monitor = MonitorCallback(global_batch_size=256, display="text")
-    model.fit(train_ds, epochs=3, callbacks=[monitor])
-    print(monitor.summary().verdict)
+    monitor = make_monitor(global_batch_size=256, epochs=5)
+    model.fit(train_ds, epochs=5, callbacks=[monitor])
+    print(monitor.summary())
     ```
     """
 
@@ -67,33 +66,22 @@ class MonitorCallback(keras.callbacks.Callback):
         steps_per_epoch: int | None = None,
         display: str = "auto",
         interval_s: float = 0.5,
-        sampler=None,
-        dashboard=None,
-        stream: TextIO | None = None,
-        warmup_steps: int = 1,
         augments_on_device: bool = False,
     ) -> None:
         super().__init__()
-        self.augments_on_device = augments_on_device
         self.global_batch_size = int(global_batch_size)
         self.display = resolve_display(display)
-        self.interval_s = interval_s
-        self.meter = ThroughputMeter(self.global_batch_size, warmup_steps=warmup_steps)
-        self.sampler = sampler
-        self.dashboard = dashboard
+        self.augments_on_device = augments_on_device
+        self.meter = ThroughputMeter(self.global_batch_size)
+        self.sampler = Sampler(interval_s, quiet=self.display == "none")
+        self.dashboard = None  # the live view of the latest run, with display="widget"
+        self.epoch = 0  # the current epoch, zero-based
         self._epochs = epochs
         self._steps = steps_per_epoch
-        self._stream = stream
-        self._warmup_steps = warmup_steps
-        self._owns_sampler = False
-        self._epoch = 0
-        self._train_t0 = 0.0
-        self._epoch_t0 = 0.0
-        self._summary: Summary | None = None
+        self._train_t0 = self._epoch_t0 = time.monotonic()
         self._training = False
-        self._shell = None
-        self._owns_dashboard = False
         self._in_run = False
+        self._shell = None
 
     # Progress figures: the constructor wins, else what fit()/CallbackList passed.
     @property
@@ -120,7 +108,6 @@ class MonitorCallback(keras.callbacks.Callback):
         ...     model.fit(train_ds, epochs=3, callbacks=[monitor])
         ...     model.fit(train_ds, initial_epoch=3, epochs=5, callbacks=[monitor])
         """
-        self._in_run = False
         self.on_train_begin()
         self._in_run = True
         try:
@@ -133,29 +120,31 @@ class MonitorCallback(keras.callbacks.Callback):
         if self._in_run:
             return  # one more fit call of a run already going
         self._finish()  # a previous run that raised before on_train_end
-        self.meter = ThroughputMeter(self.global_batch_size, warmup_steps=self._warmup_steps)
-        self._summary = None
-        self._epoch = 0
-        if self.sampler is None:
-            from mdtrain.monitor.sampler import Sampler
-
-            self.sampler = Sampler(self.interval_s, quiet=self.display == "none")
-        if hasattr(self.sampler, "start") and not getattr(self.sampler, "running", False):
-            self.sampler.start()
-            self._owns_sampler = True
+        self.meter = ThroughputMeter(self.global_batch_size)
+        self.epoch = 0
+        self.dashboard = None
+        self.sampler.start()
         self._train_t0 = self._epoch_t0 = time.monotonic()
         self._training = True
-        self._watch_cell()
+        # Keras skips on_train_end when training raises (or is interrupted), which
+        # would leave the sampler and dashboard threads running in the kernel: stop
+        # them when the notebook cell finishes instead.
+        if in_notebook_kernel():
+            self._shell = sys.modules["IPython"].get_ipython()
+            self._shell.events.register("post_run_cell", self._finish)
         if self.display == "widget":
-            self._start_dashboard()
+            from IPython.display import display
+
+            from mdtrain.monitor.dashboard import Dashboard
+
+            self.dashboard = Dashboard(self)  # a fresh one per run: charts do not continue
+            display(self.dashboard.widget)
+            self.dashboard.start()
 
     def on_epoch_begin(self, epoch, logs=None):
-        self._epoch = int(epoch)
+        self.epoch = int(epoch)
         self._epoch_t0 = time.monotonic()
         self.meter.epoch_begin()
-
-    def on_train_batch_begin(self, batch, logs=None):
-        self.meter.batch_begin(batch)
 
     def on_train_batch_end(self, batch, logs=None):
         # mdtrain's ExactTrainer (under fit and the custom loop alike) records the
@@ -172,15 +161,15 @@ class MonitorCallback(keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch, logs=None):
         if self.display == "text":
-            util = mean_utilization(self._samples(since=self._epoch_t0))
-            self._print(epoch_line(epoch, self.epochs, self.meter.epoch_rates(), util))
+            rates, samples = self.meter.epoch_rates(), self.sampler.history(since=self._epoch_t0)
+            print(epoch_line(epoch, self.epochs, summarize(rates, samples)), flush=True)
 
     def on_train_end(self, logs=None):
         if self._in_run:
             return
         self._finish()
         if self.display != "none":
-            self._print(format_summary(self.summary()))
+            print(self.summary(), flush=True)
 
     def summary(self) -> Summary:
         """The run's `Summary`: final after training, a live snapshot during it.
@@ -189,127 +178,24 @@ class MonitorCallback(keras.callbacks.Callback):
             Mean and peak utilisation per device, images/sec, input-wait share
             and the verdict.
         """
-        if self._summary is not None and not self._training:
-            return self._summary
-        return self._summarize()
-
-    def _summarize(self) -> Summary:
-        samples = self._samples(since=self._train_t0)
+        samples = self.sampler.history(since=self._train_t0)
         return summarize(
             self.meter.train_rates(), samples, augments_on_device=self.augments_on_device
         )
 
-    def dashboard_state(self, verdict: str | None = None):
-        """What the dashboard shows now; safe to call from the dashboard thread."""
-        from mdtrain.monitor.dashboard import DashboardState
-
-        # Live: the recent window; final: the whole run, matching summary().
-        rates = self.meter.train_rates() if verdict else self.meter.current_rates()
-        epochs, steps, step = self.epochs, self.steps_per_epoch, self.meter.epoch_step
-        eta = None
-        if epochs and steps and rates.step_time_s is not None:
-            left = (epochs - self._epoch - 1) * steps + max(0, steps - step)
-            eta = left * rates.step_time_s
-        latest = self.sampler.latest() if self.sampler is not None else None
-        return DashboardState(self._epoch, epochs, step, steps, eta, rates, latest, verdict)
-
-    def _finish(self) -> None:
-        """Stops sampling and the live view; runs once per training run."""
+    def _finish(self, cell_result=None) -> None:
+        """Stops sampling and the live view; runs once per run (also IPython's post_run_cell)."""
         if not self._training:
             return
         self._training = False
-        self._unwatch_cell()
-        if self._owns_sampler:
-            self.sampler.stop()
-            self._owns_sampler = False
-        self._summary = self._summarize()
-        if self.display == "widget" and self.dashboard is not None:
-            self.dashboard.stop(self.dashboard_state(verdict=self._summary.verdict))
-
-    # Keras skips on_train_end when training raises (or is interrupted), which
-    # would leave the sampler and dashboard threads running in the kernel: stop
-    # them when the notebook cell finishes instead.
-    def _watch_cell(self) -> None:
-        if not in_notebook_kernel():
-            return
-        import IPython
-
-        self._shell = IPython.get_ipython()
-        self._shell.events.register("post_run_cell", self._on_cell_done)
-
-    def _unwatch_cell(self) -> None:
         shell, self._shell = self._shell, None
         if shell is not None:
-            try:
-                shell.events.unregister("post_run_cell", self._on_cell_done)
-            except ValueError:
-                pass
-
-    def _on_cell_done(self, result=None) -> None:
-        self._finish()
-
-    def _start_dashboard(self) -> None:
-        from IPython.display import display
-
-        from mdtrain.monitor.dashboard import Dashboard
-
-        if self.dashboard is None or self._owns_dashboard:
-            self.dashboard = Dashboard()  # a fresh one per run: charts do not continue
-            self._owns_dashboard = True
-        display(self.dashboard.widget)
-        self.dashboard.start(self.dashboard_state)
-
-    def _samples(self, since: float):
-        if self.sampler is None:
-            return []
-        return self.sampler.history(since=since)
-
-    def _print(self, text: str) -> None:
-        print(text, file=self._stream or sys.stdout, flush=True)
+            with contextlib.suppress(ValueError):
+                shell.events.unregister("post_run_cell", self._finish)
+        self.sampler.stop()  # takes a last sample: the figures are final from here
+        if self.dashboard is not None:
+            self.dashboard.stop()
 
 
-def make_monitor(
-    global_batch_size: int,
-    *,
-    epochs: int | None = None,
-    steps_per_epoch: int | None = None,
-    display: str = "auto",
-    interval_s: float = 0.5,
-    augments_on_device: bool = False,
-) -> keras.callbacks.Callback:
-    """Builds the training monitor: a dashboard in notebooks, text elsewhere.
-
-    ``display="auto"`` shows the ipywidgets dashboard inside a notebook kernel
-    (unless ``MDTRAIN_SMOKE=1``) and one text line per epoch otherwise;
-    ``"none"`` measures without printing. ``monitor.summary()`` gives the
-    figures and verdict after training.
-
-    Args:
-        global_batch_size: Examples per step over all replicas.
-        epochs: Total epochs, for progress and ETA. Defaults to ``None``.
-        steps_per_epoch: Steps per epoch. Defaults to ``None``.
-        display: ``"auto"``, ``"widget"``, ``"text"`` or ``"none"``.
-            Defaults to ``"auto"``.
-        interval_s: Seconds between GPU/CPU samples. Defaults to ``0.5``.
-        augments_on_device: Whether the training step augments, for the
-            verdict's advice. Defaults to ``False``.
-
-    Returns:
-        A `MonitorCallback`.
-
-    Example:
-
-    ```python
-    monitor = make_monitor(global_batch_size=256, epochs=5)
-    model.fit(train_ds, epochs=5, callbacks=[monitor])
-    print(monitor.summary())
-    ```
-    """
-    return MonitorCallback(
-        global_batch_size,
-        epochs=epochs,
-        steps_per_epoch=steps_per_epoch,
-        display=display,
-        interval_s=interval_s,
-        augments_on_device=augments_on_device,
-    )
+# The front door's name (`mdtrain.make_monitor`): the monitor is built by calling its class.
+make_monitor = MonitorCallback

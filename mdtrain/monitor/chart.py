@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import io
 
+import numpy as np
+
+from mdtrain.monitor.text import short_name
+
 Point = tuple[float, "float | None", "dict[str, float]"]
+MAX_DRAWN = 150  # points drawn per line: more than the figure has pixels buys nothing
 
 
 class Chart:
@@ -13,11 +18,8 @@ class Chart:
     Reusing the figure and its lines (``set_data``) instead of building a new
     figure each time makes a redraw several times cheaper, and the bare
     ``Figure`` (no pyplot) is safe off the main thread without touching the
-    notebook's own matplotlib backend.
-
-    Args:
-        max_drawn: Points drawn per line; longer histories are thinned evenly.
-            Defaults to ``150``.
+    notebook's own matplotlib backend. Longer histories than 150 points are
+    thinned evenly.
 
     Example:
 
@@ -27,12 +29,11 @@ class Chart:
     ```
     """
 
-    def __init__(self, max_drawn: int = 150) -> None:
+    def __init__(self) -> None:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
         from matplotlib.ticker import MaxNLocator
 
-        self.max_drawn = max_drawn
         self.figure = Figure(figsize=(8, 2.4), dpi=72)
         self.canvas = FigureCanvasAgg(self.figure)
         self.rate_ax, self.util_ax = self.figure.subplots(1, 2)
@@ -59,7 +60,7 @@ class Chart:
         Returns:
             PNG bytes for an ``ipywidgets.Image``.
         """
-        points = _thin(points, self.max_drawn)
+        points = _thin(points, MAX_DRAWN)
         rated = [(t, r) for t, r, _ in points if r is not None]
         self.rate_line.set_data([t for t, _ in rated], [r for _, r in rated])
         if rated:
@@ -71,7 +72,7 @@ class Chart:
             names.update(dict.fromkeys(util))
         for name in names:
             if name not in self.util_lines:
-                (self.util_lines[name],) = self.util_ax.plot([], [], label=name.split(" (")[0])
+                (self.util_lines[name],) = self.util_ax.plot([], [], label=short_name(name))
                 self.util_ax.legend(fontsize=7, loc="lower right")
             series = [(t, u[name]) for t, _, u in points if name in u]
             self.util_lines[name].set_data([t for t, _ in series], [u for _, u in series])
@@ -84,8 +85,6 @@ class Chart:
 
 
 def _thin(points: list[Point], n: int) -> list[Point]:
-    # Drawing more points than the figure has pixels buys nothing and costs time.
     if len(points) <= n:
         return points
-    step = (len(points) - 1) / (n - 1)
-    return [points[round(i * step)] for i in range(n)]
+    return [points[i] for i in np.linspace(0, len(points) - 1, n).round().astype(int)]

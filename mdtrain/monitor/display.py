@@ -6,7 +6,7 @@ import importlib.util
 import os
 import sys
 
-DISPLAYS = ("auto", "widget", "text", "none")
+from mdtrain.choices import MONITOR_DISPLAYS
 
 
 def in_notebook_kernel() -> bool:
@@ -45,8 +45,8 @@ def resolve_display(display: str = "auto") -> str:
     >>> resolve_display("text")
     'text'
     """
-    if display not in DISPLAYS:
-        raise ValueError(f"display must be one of {', '.join(DISPLAYS)}; got {display!r}")
+    if display not in MONITOR_DISPLAYS:
+        raise ValueError(f"display must be one of {', '.join(MONITOR_DISPLAYS)}; got {display!r}")
     if display != "auto":
         return display
     smoke = os.environ.get("MDTRAIN_SMOKE", "") not in ("", "0")

@@ -81,27 +81,7 @@ class NvmlReader:
         Returns:
             One `DeviceSample` per GPU; figures the board cannot report are ``None``.
         """
-        nv = self._nvml
-        out = []
-        for name, handle in self._handles:
-            util = _try(lambda h=handle: float(nv.nvmlDeviceGetUtilizationRates(h).gpu))
-            mem = _memory(nv, handle)
-            power = _try(lambda h=handle: nv.nvmlDeviceGetPowerUsage(h) / 1000.0)
-            temp = _try(
-                lambda h=handle: float(nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU))
-            )
-            out.append(
-                DeviceSample(
-                    name=name,
-                    kind="gpu",
-                    utilization=util,
-                    memory_used=int(mem.used) if mem is not None else None,
-                    memory_total=int(mem.total) if mem is not None else None,
-                    power_w=power,
-                    temperature_c=temp,
-                )
-            )
-        return tuple(out)
+        return tuple(_read(self._nvml, name, handle) for name, handle in self._handles)
 
     def close(self) -> None:
         """Releases NVML; safe to call twice."""
@@ -109,6 +89,22 @@ class NvmlReader:
             _try(self._nvml.nvmlShutdown)
             self._nvml = None
             self._handles = []
+
+
+def _read(nv, name: str, handle) -> DeviceSample:
+    util = _try(nv.nvmlDeviceGetUtilizationRates, handle)
+    memory = _memory(nv, handle)
+    power_mw = _try(nv.nvmlDeviceGetPowerUsage, handle)
+    temperature = _try(nv.nvmlDeviceGetTemperature, handle, nv.NVML_TEMPERATURE_GPU)
+    return DeviceSample(
+        name=name,
+        kind="gpu",
+        utilization=float(util.gpu) if util is not None else None,
+        memory_used=int(memory.used) if memory is not None else None,
+        memory_total=int(memory.total) if memory is not None else None,
+        power_w=power_mw / 1000.0 if power_mw is not None else None,
+        temperature_c=float(temperature) if temperature is not None else None,
+    )
 
 
 def _memory(nv, handle):
@@ -120,11 +116,8 @@ def _memory(nv, handle):
     older than R510 have only the first.
     """
     version = getattr(nv, "nvmlMemory_v2", None)
-    if version is not None:
-        info = _try(lambda: nv.nvmlDeviceGetMemoryInfo(handle, version=version))
-        if info is not None:
-            return info
-    return _try(lambda: nv.nvmlDeviceGetMemoryInfo(handle))
+    info = _try(nv.nvmlDeviceGetMemoryInfo, handle, version=version) if version else None
+    return info or _try(nv.nvmlDeviceGetMemoryInfo, handle)
 
 
 def _text(value: str | bytes) -> str:
@@ -132,9 +125,9 @@ def _text(value: str | bytes) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
-def _try(fn):
+def _try(fn, *args, **kwargs):
     # One unsupported query (power on a MIG slice) must not hide the others.
     try:
-        return fn()
+        return fn(*args, **kwargs)
     except Exception:
         return None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import functools
 import sys
 import threading
 import time
@@ -12,9 +13,8 @@ from mdtrain.monitor.cpu import CpuReader
 from mdtrain.monitor.nvml import NvmlReader
 from mdtrain.monitor.samples import Sample
 
-_already_said: set[str] = set()
 
-
+@functools.cache  # remembers every message said: a repeat returns at once
 def say_once(message: str) -> None:
     """Prints ``message`` to standard error the first time this process sees it.
 
@@ -23,9 +23,7 @@ def say_once(message: str) -> None:
     Args:
         message: The line to print.
     """
-    if message not in _already_said:
-        _already_said.add(message)
-        print(message, file=sys.stderr, flush=True)
+    print(message, file=sys.stderr, flush=True)
 
 
 class Sampler:

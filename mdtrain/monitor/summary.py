@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 
 from mdtrain.monitor.samples import Sample
 from mdtrain.monitor.throughput import Rates
@@ -32,26 +32,18 @@ class DeviceSummary:
 
 
 @dataclass(frozen=True)
-class Summary:
-    """What a training run used and how fast it went.
+class Summary(Rates):
+    """What a training run used and how fast it went: its `Rates`, devices and verdict.
 
     Args:
-        devices: One `DeviceSummary` per GPU, then the CPU.
-        steps: Steps measured (warm-up excluded).
-        images: Global examples in those steps.
-        images_per_sec: Mean throughput, or ``None``.
-        step_time_s: Mean step time in seconds, or ``None``.
-        input_wait_share: Share (0-1) of step time spent waiting for input,
-            or ``None`` when unknown (``model.fit``).
-        verdict: One sentence from `verdict`.
+        steps, images, seconds, images_per_sec, step_time_s, input_wait_share:
+            The run's `Rates` (warm-up excluded); ``input_wait_share`` is
+            ``None`` when unknown (``model.fit``).
+        devices: One `DeviceSummary` per GPU, then the CPU. Defaults to ``()``.
+        verdict: One sentence from `verdict`. Defaults to ``""``.
     """
 
-    devices: tuple[DeviceSummary, ...] = field(default_factory=tuple)
-    steps: int = 0
-    images: int = 0
-    images_per_sec: float | None = None
-    step_time_s: float | None = None
-    input_wait_share: float | None = None
+    devices: tuple[DeviceSummary, ...] = ()
     verdict: str = ""
 
     @property
@@ -69,6 +61,8 @@ class Summary:
         return asdict(self)
 
     def __str__(self) -> str:
+        from mdtrain.monitor.text import format_summary
+
         return format_summary(self)
 
 
@@ -93,76 +87,11 @@ def summarize(
     print(summary.verdict)
     ```
     """
-    devices = tuple(_device_summary(name, samples) for name in _device_names(samples))
-    partial = Summary(
-        devices=devices,
-        steps=rates.steps,
-        images=rates.images,
-        images_per_sec=rates.images_per_sec,
-        step_time_s=rates.step_time_s,
-        input_wait_share=rates.input_wait_share,
-    )
-    said = verdict(
-        rates.input_wait_share, partial.gpu_utilization, augments_on_device=augments_on_device
-    )
-    return replace(partial, verdict=said)
-
-
-def mean_utilization(samples: Sequence[Sample]) -> dict[str, float]:
-    """Mean utilisation per device name over ``samples`` (devices with no figure left out)."""
-    out = {}
-    for name in _device_names(samples):
-        d = _device_summary(name, samples)
-        if d.mean_utilization is not None:
-            out[name] = d.mean_utilization
-    return out
-
-
-def format_rates(rates: Rates) -> str:
-    """``"1234.5 images/sec, step 25.9 ms, input wait 12%"`` (``n/a`` where unknown)."""
-    ips = f"{rates.images_per_sec:.1f}" if rates.images_per_sec is not None else "n/a"
-    step = f"{rates.step_time_s * 1000:.1f} ms" if rates.step_time_s is not None else "n/a"
-    wait = (
-        f"{rates.input_wait_share:.0%}"
-        if rates.input_wait_share is not None
-        else "unknown (model.fit)"
-    )
-    return f"{ips} images/sec, step {step}, input wait {wait}"
-
-
-def format_utilization(util: dict[str, float]) -> str:
-    """``"GPU 0 87%, CPU 45%"``: short names, one figure each."""
-    return ", ".join(f"{_short(name)} {value:.0f}%" for name, value in util.items()) or "n/a"
-
-
-def format_summary(summary: Summary) -> str:
-    """The multi-line text form printed at the end of training."""
-    rates = Rates(
-        summary.steps,
-        summary.images,
-        0.0,
-        summary.images_per_sec,
-        summary.step_time_s,
-        summary.input_wait_share,
-    )
-    lines = [f"mdtrain monitor: {summary.steps} steps, {format_rates(rates)}"]
-    for d in summary.devices:
-        mean = f"{d.mean_utilization:.0f}%" if d.mean_utilization is not None else "n/a"
-        peak = f"{d.peak_utilization:.0f}%" if d.peak_utilization is not None else "n/a"
-        mem = ""
-        if d.peak_memory_used is not None and d.memory_total:
-            mem = f", peak memory {_gib(d.peak_memory_used)}/{_gib(d.memory_total)} GiB"
-        lines.append(f"  {d.name}: mean {mean}, peak {peak}{mem}")
-    lines.append(f"  verdict: {summary.verdict}")
-    return "\n".join(lines)
-
-
-def _device_names(samples: Sequence[Sample]) -> list[str]:
-    names: dict[str, None] = {}
-    for s in samples:
-        for d in s.devices:
-            names.setdefault(d.name, None)
-    return list(names)
+    names = dict.fromkeys(d.name for s in samples for d in s.devices)
+    devices = tuple(_device_summary(name, samples) for name in names)
+    run = Summary(**asdict(rates), devices=devices)
+    said = verdict(run.input_wait_share, run.gpu_utilization, augments_on_device=augments_on_device)
+    return replace(run, verdict=said)
 
 
 def _device_summary(name: str, samples: Sequence[Sample]) -> DeviceSummary:
@@ -172,17 +101,9 @@ def _device_summary(name: str, samples: Sequence[Sample]) -> DeviceSummary:
     totals = [d.memory_total for d in readings if d.memory_total is not None]
     return DeviceSummary(
         name=name,
-        kind=readings[0].kind if readings else "gpu",
+        kind=readings[0].kind,
         mean_utilization=sum(utils) / len(utils) if utils else None,
         peak_utilization=max(utils) if utils else None,
         peak_memory_used=max(mems) if mems else None,
         memory_total=totals[-1] if totals else None,
     )
-
-
-def _short(name: str) -> str:
-    return name.split(" (")[0]
-
-
-def _gib(n: int) -> str:
-    return f"{n / 2**30:.1f}"

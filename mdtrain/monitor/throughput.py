@@ -8,6 +8,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+WINDOW = 20  # `batch_end` calls in the "current" rate a live view shows
+
 
 @dataclass(frozen=True)
 class Rates:
@@ -31,13 +33,13 @@ class Rates:
     input_wait_share: float | None
 
 
+@dataclass
 class _Totals:
-    def __init__(self) -> None:
-        self.steps = 0
-        self.images = 0
-        self.seconds = 0.0
-        self.wait_s = 0.0
-        self.wait_seconds = 0.0  # step time of the steps that reported a wait
+    steps: int = 0
+    images: int = 0
+    seconds: float = 0.0
+    wait_s: float = 0.0
+    wait_seconds: float = 0.0  # step time of the steps that reported a wait
 
     def add(self, steps: int, images: int, seconds: float, wait_s: float | None) -> None:
         self.steps += steps
@@ -65,15 +67,15 @@ class ThroughputMeter:
     A step's time runs from the previous step's end to this step's end, so it
     includes the wait for input whichever order a loop fetches and calls hooks
     in; an epoch's first step runs from ``epoch_begin`` (so creating the
-    iterator counts as input time) or, without one, from its ``batch_begin``. The first
-    ``warmup_steps`` of training (graph tracing, XLA compile) are left out of
-    every rate. Thread-safe: a dashboard thread may read while training writes.
+    iterator counts as input time), or from the meter's creation without one.
+    The first ``warmup_steps`` of training (graph tracing, XLA compile) are
+    left out of every rate. Thread-safe: a dashboard thread may read while
+    training writes.
 
     Args:
         global_batch_size: Examples per step over ALL replicas.
         warmup_steps: Steps at the start of training left out of the rates.
             Defaults to ``1``.
-        window: Steps in the "current" rate. Defaults to ``20``.
         clock: Time source. Defaults to ``time.perf_counter``.
 
     Example:
@@ -82,7 +84,6 @@ class ThroughputMeter:
     meter = ThroughputMeter(global_batch_size=256)
     meter.epoch_begin()
     for step in range(10):
-        meter.batch_begin(step)
         ...  # train one step
         meter.batch_end(step)
     print(meter.epoch_rates().images_per_sec)
@@ -94,7 +95,6 @@ class ThroughputMeter:
         global_batch_size: int,
         *,
         warmup_steps: int = 1,
-        window: int = 20,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         if global_batch_size < 1:
@@ -103,34 +103,20 @@ class ThroughputMeter:
         self.warmup_steps = int(warmup_steps)
         self._clock = clock
         self._lock = threading.Lock()
-        self._recent: collections.deque[tuple[int, float, float | None]] = collections.deque(
-            maxlen=max(1, window)
+        self._recent: collections.deque[tuple[int, int, float, float | None]] = collections.deque(
+            maxlen=WINDOW
         )
         self._train = _Totals()
-        self._epoch = _Totals()
         self._seen = 0  # steps since training began, warm-up included
-        self._last_end: float | None = None
-        self._begin: float | None = None
-        self._epoch_start: float | None = None
-        self._last_batch: int | None = None
-        self.epoch_step = 0  # steps finished in the current epoch
+        self.epoch_begin()
 
     def epoch_begin(self) -> None:
         """Starts a new epoch's counts; gaps between epochs are not step time."""
         with self._lock:
             self._epoch = _Totals()
-            self._epoch_start = self._clock()
-            self._last_end = None
-            self._last_batch = None
-            self.epoch_step = 0
-
-    def batch_begin(self, batch: int | None = None) -> None:
-        """Marks the start of a step (only used for an epoch's first step).
-
-        Args:
-            batch: Keras's batch index. Defaults to ``None``.
-        """
-        self._begin = self._clock()
+            self._last_end = self._clock()
+            self._last_batch = -1
+            self.epoch_step = 0  # steps finished in the current epoch
 
     def batch_end(
         self,
@@ -153,16 +139,10 @@ class ThroughputMeter:
         now = self._clock()
         with self._lock:
             steps = 1
-            if batch is not None and self._last_batch is not None and batch > self._last_batch:
-                steps = batch - self._last_batch
-            elif batch is not None and self._last_batch is None and batch > 0:
-                steps = batch + 1
-            self._last_batch = batch
-            start = self._last_end
-            if start is None:
-                start = self._epoch_start if self._epoch_start is not None else self._begin
-            seconds = max(0.0, now - start) if start is not None else 0.0
-            self._last_end = now
+            if batch is not None:
+                steps = max(1, batch - self._last_batch)
+                self._last_batch = batch
+            seconds, self._last_end = max(0.0, now - self._last_end), now
             images = int(batch_size) if batch_size is not None else self.global_batch_size * steps
             wait = float(input_wait_s) if input_wait_s is not None else None
             self._seen += steps
@@ -171,7 +151,7 @@ class ThroughputMeter:
                 return
             self._train.add(steps, images, seconds, wait)
             self._epoch.add(steps, images, seconds, wait)
-            self._recent.append((images, seconds, wait))
+            self._recent.append((steps, images, seconds, wait))
 
     def train_rates(self) -> Rates:
         """Rates over all of training (warm-up excluded)."""
@@ -184,10 +164,10 @@ class ThroughputMeter:
             return self._epoch.rates()
 
     def current_rates(self) -> Rates:
-        """Rates over the last ``window`` steps: what a live view shows."""
+        """Rates over the last 20 `batch_end` calls: what a live view shows."""
         with self._lock:
             recent = list(self._recent)
         totals = _Totals()
-        for images, seconds, wait in recent:
-            totals.add(1, images, seconds, wait)
+        for row in recent:
+            totals.add(*row)
         return totals.rates()

@@ -14,8 +14,6 @@ def verdict(
     input_wait_share: float | None,
     gpu_utilization: float | None,
     *,
-    busy_utilization: float = BUSY_UTILIZATION,
-    idle_utilization: float = IDLE_UTILIZATION,
     augments_on_device: bool = False,
 ) -> str:
     """Says in words what limits training speed, and what to try.
@@ -24,18 +22,14 @@ def verdict(
     ``under-used`` or ``unknown``, so code can branch on it. The input-wait
     share is the direct evidence, judged with the thresholds of TensorFlow's
     profiler: highly input-bound from 20%, moderately from 5%. Below that,
-    GPU utilisation tells compute-bound from under-used; it also stands in
-    for a missing wait figure (a plain ``model.fit``).
+    GPU utilisation tells compute-bound (from 70%) from under-used; below 40%
+    it also stands in for a missing wait figure (a plain ``model.fit``).
 
     Args:
         input_wait_share: Share (0-1) of each step spent waiting for input, or
             ``None`` when unknown.
         gpu_utilization: Mean utilisation (0-100) over the GPUs, or ``None``
             without a GPU.
-        busy_utilization: Utilisation from which GPUs count as busy.
-            Defaults to ``70.0``.
-        idle_utilization: Utilisation below which GPUs count as starved.
-            Defaults to ``40.0``.
         augments_on_device: Whether the training step augments already
             (``mdtrain train``'s default, ``--augment-in model``), so the advice leaves
             moving it there out. Defaults to ``False``.
@@ -59,9 +53,9 @@ def verdict(
         util = f"the GPUs averaged {gpu_utilization:.0f}% utilisation"
         if wait is not None:
             util += f" and waited {wait:.0%} of each step on input"
-        if gpu_utilization >= busy_utilization:
+        if gpu_utilization >= BUSY_UTILIZATION:
             return f"compute-bound: {util} — the input pipeline keeps up"
-        if gpu_utilization < idle_utilization and wait is None:
+        if gpu_utilization < IDLE_UTILIZATION and wait is None:
             return (
                 f"input-bound (likely): {util} with no input-wait figure — "
                 f"{fixes}, or train with mdtrain's ExactTrainer to measure the wait"
