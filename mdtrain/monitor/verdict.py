@@ -70,6 +70,6 @@ def verdict(
             "the input pipeline keeps up (no GPU to sample)"
         )
     return (
-        "unknown: no input-wait figure (a plain model.fit) and no GPU to sample — "
-        "train with mdtrain's ExactTrainer to measure the wait"
+        "unknown: no input-wait figure and no GPU to sample — mdtrain's ExactTrainer "
+        "measures the wait under fit and the custom loop (not on parameter servers)"
     )
