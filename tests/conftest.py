@@ -7,11 +7,11 @@ Two tiers, one suite:
 - `pytest -m fast` runs the fast tier in a few minutes: every test not marked
   `slow`, `browser`, `gpu` or `notebooks`, from the test modules that import
   without TensorFlow. While the fast tier is collected, `import tensorflow`
-  is refused, so a module that needs it at import is skipped (one summary
-  line counts them) instead of costing TensorFlow's start-up; its tests run
-  in the full suite. No list to keep: a new module joins the tier it imports
-  for. Tests of the fast tier may still use TensorFlow inside the test.
-  `tests/test_tiers.py` checks both.
+  is refused, so a module that needs it at import is left out (one summary
+  line counts them; nothing is reported as skipped) instead of costing
+  TensorFlow's start-up; its tests run in the full suite. No list to keep: a
+  new module joins the tier it imports for. Tests of the fast tier may still
+  use TensorFlow inside the test. `tests/test_tiers.py` checks both.
 
 The test process gets 4 virtual CPU devices the moment anything imports
 TensorFlow (a test, a fixture, a test module, mdtrain itself), before any
@@ -46,6 +46,8 @@ NOT_FAST = ("slow", "browser", "gpu", "notebooks")
 #: Whether this session runs the fast tier (`-m fast`).
 FAST_TIER = pytest.StashKey[bool]()
 _FINDER = pytest.StashKey["_TensorFlowImport"]()
+_LEFT_OUT = pytest.StashKey[list]()
+_LEFT_TO_FULL_SUITE = "imports TensorFlow at collection: runs in the full suite only"
 
 
 @pytest.fixture(scope="session")
@@ -105,11 +107,8 @@ class _TensorFlowImport(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path=None, target=None):
         if name != "tensorflow":
             return None
-        if self.refuse:  # a module-level skip: pytest reports the module as skipped
-            raise pytest.skip.Exception(
-                "imports TensorFlow at collection: runs in the full suite only",
-                allow_module_level=True,
-            )
+        if self.refuse:  # the module is left out: `pytest_make_collect_report` below
+            raise pytest.skip.Exception(_LEFT_TO_FULL_SUITE, allow_module_level=True)
         sys.meta_path.remove(self)  # the first import only
         spec = importlib.util.find_spec(name)
         if spec is not None and spec.loader is not None:
@@ -178,6 +177,25 @@ def pytest_collection_modifyitems(config, items):
         for item in items:
             if not any(item.get_closest_marker(name) for name in NOT_FAST):
                 item.add_marker(pytest.mark.fast)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_make_collect_report(collector):
+    """In the fast tier, a module that imports TensorFlow is left out, not reported as skipped."""
+    report = yield
+    if report.skipped and _LEFT_TO_FULL_SUITE in str(report.longrepr):
+        report.outcome, report.longrepr, report.result = "passed", None, []
+        collector.config.stash.setdefault(_LEFT_OUT, []).append(str(report.nodeid))
+    return report
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    left_out = config.stash.get(_LEFT_OUT, [])
+    if left_out:
+        terminalreporter.write_line(
+            f"fast tier: {len(left_out)} test modules import TensorFlow at collection and run "
+            "in the full suite only"
+        )
 
 
 def pytest_collection_finish(session):

@@ -36,6 +36,9 @@ def test_the_fast_tier_is_collected_without_tensorflow():
     assert json.loads(last) == {"exit": 0, "loaded": []}, done.stderr[-3000:]
     this_test = "tests/test_tiers.py::test_the_fast_tier_is_collected_without_tensorflow"
     assert this_test in collected  # the fast tier was collected
+    # Modules that need TensorFlow are left to the full suite, counted, never "skipped".
+    assert not any("skipped" in line for line in collected), collected[-5:]
+    assert any(line.startswith("fast tier: ") and "full suite only" in line for line in collected)
 
 
 def test_tensorflow_starts_with_the_virtual_cpus_of_conftest():
