@@ -60,9 +60,7 @@ def _shape_polygon(shape: str, cx: float, cy: float, r: float, angle: float) -> 
     return [(cx + r * (c * x - s * y), cy + r * (s * x + c * y)) for x, y in pts]
 
 
-def draw_shape_image(
-    shape: str, rng: np.random.Generator, size: int = 256, distractors: int = 3
-) -> Image.Image:
+def draw_shape_image(shape: str, rng: np.random.Generator, size: int = 256) -> Image.Image:
     """Draws one demo image: a shape of random colour, size, angle and place on clutter.
 
     The background is a colour gradient with noise and a few outlined
@@ -82,9 +80,9 @@ def draw_shape_image(
     top, bottom = rng.uniform(0, 255, 3), rng.uniform(0, 255, 3)
     t = np.linspace(0, 1, h)[:, None, None]
     bg = (1 - t) * top + t * bottom + rng.normal(0, 10, (h, w, 3))
-    img = Image.fromarray(np.clip(bg, 0, 255).astype(np.uint8).repeat(1, axis=1))
+    img = Image.fromarray(np.clip(bg, 0, 255).astype(np.uint8))
     draw = ImageDraw.Draw(img)
-    for _ in range(rng.integers(0, distractors) if distractors else 0):  # lines, hollow ellipses
+    for _ in range(rng.integers(0, 3)):  # up to two distractors: lines, hollow ellipses
         x0, y0, x1, y1 = rng.uniform(0, [w, h, w, h])
         col = tuple(int(v) for v in rng.integers(0, 256, 3))
         if rng.random() < 0.5:
@@ -222,16 +220,15 @@ def dataset_dir(data_dir: str | os.PathLike | None = None, smoke: bool = False) 
     return ensure_demo_dataset()
 
 
-def write_digits_dataset(out: str | os.PathLike, scale: int = 4, seed: int = 0) -> Path:
+def write_digits_dataset(out: str | os.PathLike) -> Path:
     """Writes scikit-learn's bundled handwritten digits as PNG class folders.
 
-    1,797 real 8×8 scans of the digits 0–9, enlarged `scale` times, split 80/20
-    per class into `train/` and `val/`. Needs no network.
+    1,797 real 8×8 scans of the digits 0–9, enlarged to 32×32 pixels, split
+    80/20 per class (seeded, always the same split) into `train/` and `val/`.
+    Needs no network.
 
     Args:
         out: folder to create; must not exist.
-        scale: enlargement factor. Defaults to 4 (32×32 pixels).
-        seed: seed of the train/val split. Defaults to 0.
 
     Returns:
         The dataset folder.
@@ -239,7 +236,7 @@ def write_digits_dataset(out: str | os.PathLike, scale: int = 4, seed: int = 0) 
     from sklearn.datasets import load_digits
 
     digits = load_digits()
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(0)
 
     def build(tmp: Path) -> None:
         for label in range(10):
@@ -252,9 +249,9 @@ def write_digits_dataset(out: str | os.PathLike, scale: int = 4, seed: int = 0) 
                 for i in sorted(part):
                     pixels = (digits.images[i] * (255 / 16)).astype(np.uint8)
                     img = Image.fromarray(pixels, "L")
-                    img = img.resize((8 * scale, 8 * scale), Image.Resampling.BICUBIC)
+                    img = img.resize((32, 32), Image.Resampling.BICUBIC)
                     img.save(folder / f"digit_{i:04d}.png")
-        (tmp / _MARKER).write_text(json.dumps({"kind": "digits", "scale": scale, "seed": seed}))
+        (tmp / _MARKER).write_text(json.dumps({"kind": "digits", "scale": 4, "seed": 0}))
 
     return _write_atomically(Path(out), build)
 
