@@ -13,6 +13,7 @@ dataset (which files decode) lives in its own cache folder, `cache_folder()`.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -78,8 +79,11 @@ def tf_paths(files: list[str]) -> list[bytes]:
     return [os.fsencode(f) for f in files]
 
 
-def _visible(entries):
-    return sorted(e for e in entries if not e.name.startswith("."))
+def _subfolders(folder: Path) -> list[str]:
+    """The names of `folder`'s sub-folders, sorted, hidden ones left out."""
+    if not folder.is_dir():
+        raise UsageError(f"{folder}: no such folder; pass a folder with one sub-folder per class")
+    return sorted(p.name for p in folder.iterdir() if p.is_dir() and not p.name.startswith("."))
 
 
 def resolve_layout(data_dir: str | os.PathLike) -> tuple[Path, Path | None]:
@@ -96,9 +100,7 @@ def resolve_layout(data_dir: str | os.PathLike) -> tuple[Path, Path | None]:
         UsageError: if the folder does not exist.
     """
     root = Path(data_dir)
-    if not root.is_dir():
-        raise UsageError(f"{root}: no such folder; pass a folder with one sub-folder per class")
-    subdirs = {p.name for p in _visible(root.iterdir()) if p.is_dir()}
+    subdirs = set(_subfolders(root))
     if "train" in subdirs and subdirs <= {"train", "test", *_VAL_NAMES}:
         val = next((root / n for n in _VAL_NAMES if n in subdirs), None)
         return root / "train", val
@@ -123,9 +125,7 @@ def scan_class_folders(
             no images, or its classes differ from `class_names`.
     """
     folder = Path(folder)
-    if not folder.is_dir():
-        raise UsageError(f"{folder}: no such folder; pass a folder with one sub-folder per class")
-    found = [p.name for p in _visible(folder.iterdir()) if p.is_dir()]
+    found = _subfolders(folder)
     if class_names is not None and found != list(class_names):
         raise UsageError(
             f"{folder}: its class folders {found} differ from the training classes "
@@ -217,14 +217,12 @@ def _load_manifest(path: Path) -> dict:
 
 def _save_manifest(path: Path, entries: dict) -> None:
     """Writes atomically; a cache that cannot be written only costs a rescan next time."""
-    try:
+    with contextlib.suppress(OSError):
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
         with os.fdopen(fd, "w") as f:
             json.dump({"version": _MANIFEST_VERSION, "files": entries}, f)
         os.replace(tmp, path)
-    except OSError:
-        pass
 
 
 def find_undecodable(files: list[str]) -> list[SkippedFile]:
