@@ -38,18 +38,12 @@ def default_demo_dir() -> Path:
 
 def _shape_polygon(shape: str, cx: float, cy: float, r: float, angle: float) -> list:
     if shape == "square":
-        pts = [(1, 1), (-1, 1), (-1, -1), (1, -1)]
-        pts = [(x * 0.8, y * 0.8) for x, y in pts]
+        pts = [(0.8, 0.8), (-0.8, 0.8), (-0.8, -0.8), (0.8, -0.8)]
     elif shape == "triangle":
         pts = [(math.cos(a), math.sin(a)) for a in np.linspace(0, 2 * math.pi, 4)[:3]]
-    elif shape == "star":
-        pts = [
-            (
-                (1.0 if k % 2 == 0 else 0.45) * math.cos(a),
-                (1.0 if k % 2 == 0 else 0.45) * math.sin(a),
-            )
-            for k, a in enumerate(np.linspace(0, 2 * math.pi, 11)[:10])
-        ]
+    elif shape == "star":  # ten corners, alternately on the unit circle and at 0.45
+        corners = zip([1.0, 0.45] * 5, np.linspace(0, 2 * math.pi, 11)[:10], strict=True)
+        pts = [(r * math.cos(a), r * math.sin(a)) for r, a in corners]
     elif shape == "cross":
         w = 0.32
         pts = [(w, 1), (-w, 1), (-w, w), (-1, w), (-1, -w), (-w, -w), (-w, -1), (w, -1),
