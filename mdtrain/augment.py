@@ -69,6 +69,8 @@ class AugmentPolicy:
     interpolation: str = "bilinear"
 
     def __post_init__(self) -> None:
+        if self.brightness is not None:  # a tuple also when given a list, as JSON gives it
+            object.__setattr__(self, "brightness", tuple(self.brightness))
         if self.interpolation not in INTERPOLATIONS:
             raise ValueError(
                 f"interpolation {self.interpolation!r}: expected one of {INTERPOLATIONS}"
@@ -107,7 +109,7 @@ class AugmentPolicy:
             interpolation_order=1 if self.interpolation == "bilinear" else 0,
         )
         if self.brightness is not None:
-            kwargs["brightness_range"] = tuple(self.brightness)
+            kwargs["brightness_range"] = self.brightness
         return kwargs
 
 

@@ -46,6 +46,7 @@ import numpy as np
 import tensorflow as tf
 
 from mdtrain.augment import AugmentPolicy, augment_batch, draw_packed
+from mdtrain.choices import CACHE_MODES  # the values of `cache=` and of `mdtrain train --cache`
 from mdtrain.data import ImageList, SkippedFile, Splits, cache_folder, tf_paths
 from mdtrain.disk_cache import cache_prefix, claim
 from mdtrain.distribute import shard_by_batch
@@ -111,9 +112,6 @@ def epoch_seed(seed: int | tf.Tensor, epoch: int | tf.Tensor) -> int | tf.Tensor
 
 #: Where `InputData` leaves the augmentation: applied in the pipeline, or drawn for the model.
 AUGMENT_PLACES = ("pipeline", "model")
-
-#: The values of `InputData(cache=...)` and of `mdtrain train --cache`.
-CACHE_MODES = ("auto", "memory", "disk", "none")
 
 #: `cache="auto"` keeps the decoded set in memory when it takes at most this share of
 #: the memory available now: the model, the optimizer and the batches need the rest.
