@@ -69,6 +69,8 @@ class AugmentPolicy:
     interpolation: str = "bilinear"
 
     def __post_init__(self) -> None:
+        if self.brightness is not None:  # a tuple also when given a list, as JSON gives it
+            object.__setattr__(self, "brightness", tuple(self.brightness))
         if self.interpolation not in INTERPOLATIONS:
             raise ValueError(
                 f"interpolation {self.interpolation!r}: expected one of {INTERPOLATIONS}"
@@ -107,7 +109,7 @@ class AugmentPolicy:
             interpolation_order=1 if self.interpolation == "bilinear" else 0,
         )
         if self.brightness is not None:
-            kwargs["brightness_range"] = tuple(self.brightness)
+            kwargs["brightness_range"] = self.brightness
         return kwargs
 
 
@@ -141,11 +143,23 @@ def sample_transforms(batch_size, policy: AugmentPolicy, seed) -> dict[str, tf.T
     }
 
 
-def transform_matrices(params: dict[str, tf.Tensor], height: int, width: int) -> tf.Tensor:
-    """Composes rotation, zoom and flip into the 8-parameter form TensorFlow expects.
+def pack_transforms(params: dict[str, tf.Tensor], height, width) -> tf.Tensor:
+    """Each image's whole transform, composed once, as one row of 8 numbers.
 
-    Each row maps an output pixel (x, y) to the input point it samples, as
-    `ImageDataGenerator` does: centre, rotate, zoom, un-centre, then mirror.
+    The first six numbers compose rotation, zoom and flip into the affine map
+    from an output pixel (x, y) to the input point it samples, as
+    `ImageDataGenerator` does: centre, rotate, zoom, un-centre, then mirror
+    (TensorFlow's `ImageProjectiveTransformV3` order, without its last two,
+    projective, entries). The last two are the colour gain `b c` and the
+    factor `b (1 - c)` of each channel's mean: brightness `b` then contrast
+    `c`, `v * b` then `(v' - mean') * c + mean'` with `mean' = b * mean`, is
+    `v * (b c) + b mean (1 - c)`.
+
+    Rows can be applied (`apply_packed`) to any slice of the batch, on any
+    replica, and make the pixels that applying the whole batch makes: what
+    depends on how many values are computed together (the rotation's sine and
+    cosine, which TensorFlow's CPU kernels round differently in vectorised and
+    in scalar code) is computed here, once.
 
     Args:
         params: output of `sample_transforms`.
@@ -170,41 +184,14 @@ def transform_matrices(params: dict[str, tf.Tensor], height: int, width: int) ->
     shift = flip * (width - 1)
     a2, b2 = a2 + a0 * shift, b2 + b0 * shift
     a0, b0 = a0 * sign, b0 * sign
-    zero = tf.zeros_like(theta)
-    return tf.stack([a0, a1, a2, b0, b1, b2, zero, zero], axis=1)
-
-
-def pack_transforms(params: dict[str, tf.Tensor], height, width) -> tf.Tensor:
-    """Each image's whole transform, composed once, as one row of 8 numbers.
-
-    The row holds the affine map's six coefficients (`transform_matrices`),
-    the colour gain `b c` and the factor `b (1 - c)` of each channel's mean:
-    brightness `b` then contrast `c`, `v * b` then `(v' - mean') * c + mean'`
-    with `mean' = b * mean`, is `v * (b c) + b mean (1 - c)`.
-
-    Rows can be applied (`apply_packed`) to any slice of the batch, on any
-    replica, and make the pixels that applying the whole batch makes: what
-    depends on how many values are computed together (the rotation's sine and
-    cosine, which TensorFlow's CPU kernels round differently in vectorised and
-    in scalar code) is computed here, once.
-
-    Args:
-        params: output of `sample_transforms`.
-        height: image height in pixels.
-        width: image width in pixels.
-
-    Returns:
-        A float32 tensor of shape (batch, 8).
-    """
     b, c = params["brightness"], params["contrast"]
-    colour = tf.stack([b * c, b * (1.0 - c)], axis=1)
-    return tf.concat([transform_matrices(params, height, width)[:, :6], colour], axis=1)
+    return tf.stack([a0, a1, a2, b0, b1, b2, b * c, b * (1.0 - c)], axis=1)
 
 
 def apply_packed(
     images: tf.Tensor, policy: AugmentPolicy, packed: tf.Tensor, kernel: str = "xla"
 ) -> tf.Tensor:
-    """Applies composed transforms (`pack_transforms`) in one pass.
+    """Applies composed transforms (`pack_transforms`) in one resampling pass.
 
     Composing and applying are apart so that they can run in different
     places: the input pipeline draws and composes a batch's transforms from
@@ -217,20 +204,37 @@ def apply_packed(
         policy: the `AugmentPolicy` the transforms were drawn for (its fill
             mode, interpolation, and whether it has colour).
         packed: the images' rows of `pack_transforms`, shape (batch, 8).
-        kernel: resampling kernel, see `apply_transforms`. Defaults to `"xla"`.
+        kernel: `"xla"` (a compiled gather kernel, about 5x faster than
+            TensorFlow's op on CPU; `"nearest"` fill only, other fill modes
+            use the op) or `"op"` (`ImageProjectiveTransformV3`, what Keras'
+            layers call). Defaults to `"xla"`.
 
     Returns:
-        The augmented batch, same shape and dtype.
+        The augmented batch, same shape and dtype; integer images are rounded
+        and clipped to their range, float images are not clipped.
     """
+    if kernel not in ("xla", "op"):
+        raise ValueError(f"kernel {kernel!r}: expected 'xla' or 'op'")
     if policy.is_identity:
         return images
-    matrices = tf.concat([packed[:, :6], tf.zeros_like(packed[:, :2])], axis=1)
-    gain = offset = None
+    batch = tf.shape(images)[0]
+    gain, offset = tf.ones([batch]), tf.zeros([batch, images.shape[-1]])
     if policy.has_colour:
         gain, offset = packed[:, 6], packed[:, 7:8] * _channel_means(images)
-    return apply_transforms(
-        images, matrices, policy.fill_mode, kernel, gain, offset, policy.interpolation
+    matrices = tf.concat([packed[:, :6], tf.zeros_like(packed[:, :2])], axis=1)
+    if kernel == "xla" and policy.fill_mode == "nearest":
+        nearest = policy.interpolation == "nearest"
+        return _resample_xla(images, matrices, gain, offset, nearest)
+    out = tf.raw_ops.ImageProjectiveTransformV3(
+        images=images,
+        transforms=matrices,
+        output_shape=tf.shape(images)[1:3],
+        fill_value=0.0,
+        interpolation=policy.interpolation.upper(),
+        fill_mode=policy.fill_mode.upper(),
     )
+    out = tf.cast(out, tf.float32) * gain[:, None, None, None] + offset[:, None, None, :]
+    return _to_dtype(out, images.dtype)
 
 
 @tf.function(jit_compile=True)
@@ -290,53 +294,6 @@ def _to_dtype(values: tf.Tensor, dtype: tf.DType) -> tf.Tensor:
 _resample_xla = tf.function(_resample, jit_compile=True)
 
 
-def apply_transforms(
-    images: tf.Tensor,
-    matrices: tf.Tensor,
-    fill_mode: str = "nearest",
-    kernel: str = "xla",
-    gain: tf.Tensor | None = None,
-    offset: tf.Tensor | None = None,
-    interpolation: str = "bilinear",
-) -> tf.Tensor:
-    """Resamples a batch of images (any dtype) with per-image transforms and colour.
-
-    Args:
-        images: tensor of shape (batch, height, width, channels).
-        matrices: (batch, 8) output of `transform_matrices`.
-        fill_mode: `"nearest"`, `"reflect"`, `"wrap"` or `"constant"`.
-            Defaults to `"nearest"`.
-        kernel: `"xla"` (a compiled gather kernel, about 5x faster than
-            TensorFlow's op on CPU; `"nearest"` fill only, other modes use
-            the op) or `"op"` (`ImageProjectiveTransformV3`). Defaults to `"xla"`.
-        gain: (batch,) factors every output pixel is multiplied by. Defaults
-            to None (1).
-        offset: (batch, channels) values added after the gain. Defaults to None (0).
-        interpolation: `"bilinear"` or `"nearest"`. Defaults to `"bilinear"`.
-
-    Returns:
-        The resampled batch, same shape and dtype; integer images are rounded
-        and clipped to their range.
-    """
-    if kernel not in ("xla", "op"):
-        raise ValueError(f"kernel {kernel!r}: expected 'xla' or 'op'")
-    batch = tf.shape(images)[0]
-    gain = tf.ones([batch]) if gain is None else gain
-    offset = tf.zeros([batch, images.shape[-1]]) if offset is None else offset
-    if kernel == "xla" and fill_mode == "nearest":
-        return _resample_xla(images, matrices, gain, offset, interpolation == "nearest")
-    out = tf.raw_ops.ImageProjectiveTransformV3(
-        images=images,
-        transforms=matrices,
-        output_shape=tf.shape(images)[1:3],
-        fill_value=0.0,
-        interpolation=interpolation.upper(),
-        fill_mode=fill_mode.upper(),
-    )
-    out = tf.cast(out, tf.float32) * gain[:, None, None, None] + offset[:, None, None, :]
-    return _to_dtype(out, images.dtype)
-
-
 def augment_batch(images: tf.Tensor, policy: AugmentPolicy, seed, kernel: str = "xla") -> tf.Tensor:
     """Applies random flip, rotation, zoom, brightness and contrast in one pass.
 
@@ -344,7 +301,7 @@ def augment_batch(images: tf.Tensor, policy: AugmentPolicy, seed, kernel: str = 
         images: tensor of shape (batch, height, width, channels), uint8 or float.
         policy: the `AugmentPolicy`.
         seed: shape-(2,) integer tensor for stateless randomness.
-        kernel: resampling kernel, see `apply_transforms`. Defaults to `"xla"`.
+        kernel: resampling kernel, see `apply_packed`. Defaults to `"xla"`.
 
     Returns:
         The augmented batch, same shape and dtype.

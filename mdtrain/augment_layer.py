@@ -83,10 +83,7 @@ class FusedAugmentation(keras.layers.Layer):
     def from_config(cls, config: dict) -> FusedAugmentation:
         """The layer `get_config` describes; the caller's dict is left as it was."""
         config = dict(config)
-        policy = dict(config["policy"])
-        if policy.get("brightness") is not None:  # JSON turns the tuple into a list
-            policy["brightness"] = tuple(policy["brightness"])
-        config["policy"] = AugmentPolicy(**policy)
+        config["policy"] = AugmentPolicy(**config["policy"])  # brightness: a tuple again
         return super().from_config(config)
 
 

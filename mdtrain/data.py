@@ -13,6 +13,7 @@ dataset (which files decode) lives in its own cache folder, `cache_folder()`.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -20,11 +21,12 @@ import random
 import re
 import tempfile
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from itertools import compress
 from pathlib import Path
 
 from mdtrain.errors import UsageError
-from mdtrain.images import decode_image, extension_format, is_image_name, sniff_format
+from mdtrain.images import decode_image, extension_format, image_files, sniff_format
 
 _VAL_NAMES = ("val", "validation", "valid")
 
@@ -52,6 +54,10 @@ class ImageList:
         c = Counter(self.labels)
         return [c.get(i, 0) for i in range(num_classes)]
 
+    def where(self, keep: list[bool]) -> ImageList:
+        """The images whose entry in `keep` is true, in the same order."""
+        return ImageList(list(compress(self.files, keep)), list(compress(self.labels, keep)))
+
 
 @dataclass
 class Splits:
@@ -73,8 +79,11 @@ def tf_paths(files: list[str]) -> list[bytes]:
     return [os.fsencode(f) for f in files]
 
 
-def _visible(entries):
-    return sorted(e for e in entries if not e.name.startswith("."))
+def _subfolders(folder: Path) -> list[str]:
+    """The names of `folder`'s sub-folders, sorted, hidden ones left out."""
+    if not folder.is_dir():
+        raise UsageError(f"{folder}: no such folder; pass a folder with one sub-folder per class")
+    return sorted(p.name for p in folder.iterdir() if p.is_dir() and not p.name.startswith("."))
 
 
 def resolve_layout(data_dir: str | os.PathLike) -> tuple[Path, Path | None]:
@@ -91,9 +100,7 @@ def resolve_layout(data_dir: str | os.PathLike) -> tuple[Path, Path | None]:
         UsageError: if the folder does not exist.
     """
     root = Path(data_dir)
-    if not root.is_dir():
-        raise UsageError(f"{root}: no such folder; pass a folder with one sub-folder per class")
-    subdirs = {p.name for p in _visible(root.iterdir()) if p.is_dir()}
+    subdirs = set(_subfolders(root))
     if "train" in subdirs and subdirs <= {"train", "test", *_VAL_NAMES}:
         val = next((root / n for n in _VAL_NAMES if n in subdirs), None)
         return root / "train", val
@@ -118,9 +125,7 @@ def scan_class_folders(
             no images, or its classes differ from `class_names`.
     """
     folder = Path(folder)
-    if not folder.is_dir():
-        raise UsageError(f"{folder}: no such folder; pass a folder with one sub-folder per class")
-    found = [p.name for p in _visible(folder.iterdir()) if p.is_dir()]
+    found = _subfolders(folder)
     if class_names is not None and found != list(class_names):
         raise UsageError(
             f"{folder}: its class folders {found} differ from the training classes "
@@ -131,14 +136,9 @@ def scan_class_folders(
             f"{folder}: found {len(found)} class folder(s) {found}; a classifier needs at "
             "least two sub-folders, one per class"
         )
-    files, labels = [], []
-    for label, name in enumerate(found):
-        for dirpath, dirnames, filenames in os.walk(folder / name):
-            dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-            for fname in sorted(filenames):
-                if not fname.startswith(".") and is_image_name(fname):
-                    files.append(os.path.join(dirpath, fname))
-                    labels.append(label)
+    per_class = [image_files(folder / name) for name in found]
+    files = [f for class_files in per_class for f in class_files]
+    labels = [label for label, class_files in enumerate(per_class) for _ in class_files]
     if not files:
         raise UsageError(
             f"{folder}: no image files (.jpg .jpeg .png .gif .bmp) in its class folders"
@@ -172,11 +172,8 @@ def split_validation(images: ImageList, fraction: float, seed: int) -> tuple[Ima
         # of one image stays in training.
         take = min(max(round(len(idx) * fraction), 1), len(idx) - 1)
         val_idx.update(rng.sample(idx, take))
-    pick = lambda keep: ImageList(  # noqa: E731
-        [f for i, f in enumerate(images.files) if (i in val_idx) == keep],
-        [y for i, y in enumerate(images.labels) if (i in val_idx) == keep],
-    )
-    return pick(False), pick(True)
+    in_val = [i in val_idx for i in range(len(images))]
+    return images.where([not v for v in in_val]), images.where(in_val)
 
 
 def cache_folder() -> Path:
@@ -220,29 +217,27 @@ def _load_manifest(path: Path) -> dict:
 
 def _save_manifest(path: Path, entries: dict) -> None:
     """Writes atomically; a cache that cannot be written only costs a rescan next time."""
-    try:
+    with contextlib.suppress(OSError):
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
         with os.fdopen(fd, "w") as f:
             json.dump({"version": _MANIFEST_VERSION, "files": entries}, f)
         os.replace(tmp, path)
-    except OSError:
-        pass
 
 
-def find_undecodable(files: list[str], remember: bool = True) -> list[SkippedFile]:
+def find_undecodable(files: list[str]) -> list[SkippedFile]:
     """Decodes every file with the training decoder and returns those that fail.
 
-    Runs in parallel through tf.data; JPEGs are decoded at 1/8 scale, which
-    reads and checks all of their data but skips most of the inverse DCT.
-    Only failures are decoded a second time to capture TensorFlow's reason.
-    With `remember`, the result for each file is kept in a manifest in
+    Runs in parallel through tf.data, with the training pipeline's decoder
+    (`mdtrain.images.load_image`) at a tiny size, so JPEGs are decoded at
+    1/8 scale, which reads and checks all of their data but skips most of
+    the inverse DCT. Only failures are decoded a second time to capture
+    TensorFlow's reason. The result for each file is kept in a manifest in
     `cache_folder()`, keyed by path, size and modification time, so a second
     run decodes only the files that are new or changed.
 
     Args:
         files: image file paths.
-        remember: read and update the manifest. Defaults to True.
 
     Returns:
         The files that cannot be decoded, with a one-line reason each.
@@ -254,13 +249,13 @@ def find_undecodable(files: list[str], remember: bool = True) -> list[SkippedFil
     """
     if not files:
         return []
-    manifest = _manifest_path(files) if remember else None
-    known = _load_manifest(manifest) if manifest is not None else {}
+    manifest = _manifest_path(files)
+    known = _load_manifest(manifest)
     keys = {f: _stat_key(f) for f in files}
     todo = [f for f in files if f not in known or known[f][:2] != keys[f]]
     reasons = {f: known[f][2] for f in files if f not in todo}
     reasons.update(_scan(todo))
-    if manifest is not None and todo:
+    if todo:
         known.update({f: [*keys[f], reasons[f]] for f in todo if keys[f] is not None})
         _save_manifest(manifest, known)
     return [SkippedFile(f, reasons[f]) for f in files if reasons[f] is not None]
@@ -270,32 +265,20 @@ def _scan(files: list[str]) -> dict[str, str | None]:
     """`{path: None if it decodes, else the reason}`, decoding in parallel."""
     if not files:
         return {}
-    from mdtrain.tf_import import LIBJPEG_NOISE, stderr_without
-
-    with stderr_without(LIBJPEG_NOISE):  # each bad file's reason is reported, once
-        return _decode_all(files)
-
-
-def _decode_all(files: list[str]) -> dict[str, str | None]:
     import tensorflow as tf
 
     from mdtrain.compat import without_autotuning
-
-    def check(i, path):
-        contents = tf.io.read_file(path)
-        is_jpeg = tf.equal(tf.strings.substr(contents, 0, 3), b"\xff\xd8\xff")
-        image = tf.cond(
-            is_jpeg,
-            lambda: tf.io.decode_jpeg(contents, channels=3, ratio=8),
-            lambda: decode_image(contents),
-        )
-        return i, tf.shape(image)
+    from mdtrain.images import load_image
+    from mdtrain.tf_import import LIBJPEG_NOISE, stderr_without
 
     ds = tf.data.Dataset.from_tensor_slices((tf.range(len(files)), tf_paths(files)))
+    # Size 1: JPEGs of 8 px and more decode at 1/8 scale; the resize costs nothing.
+    check = lambda i, path: (i, load_image(path, 1))  # noqa: E731
     ds = ds.map(check, num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)
     ds = without_autotuning(ds.ignore_errors().batch(4096))
-    decoded = {int(i) for batch, _ in ds for i in batch.numpy()}
-    return {f: None if i in decoded else _decode_error(f) for i, f in enumerate(files)}
+    with stderr_without(LIBJPEG_NOISE):  # each bad file's reason is reported, once
+        decoded = {int(i) for batch, _ in ds for i in batch.numpy()}
+        return {f: None if i in decoded else _decode_error(f) for i, f in enumerate(files)}
 
 
 def _decode_error(path: str) -> str:
@@ -309,7 +292,7 @@ def _decode_error(path: str) -> str:
     if sniff_format(path) is None:
         return "not a JPEG, PNG, GIF or BMP image"
     try:
-        decode_image(tf.io.read_file(path))
+        decode_image(tf.io.read_file(os.fsencode(path)))
     except Exception as e:  # TensorFlow raises several types; any of them means "unreadable"
         return _one_line(str(getattr(e, "message", e))) or type(e).__name__
     return "could not be decoded"
@@ -322,12 +305,22 @@ def _one_line(message: str) -> str:
     return re.sub(r"\s*\[Op:\w+\].*$", "", line).strip()[:200]
 
 
+def _dataset_folders(
+    data_dir: str | os.PathLike, val_dir: str | os.PathLike | None = None
+) -> tuple[ImageList, ImageList | None, list[str]]:
+    """`(train, val, class_names)` of a dataset's folders; `val` is None without a folder."""
+    train_dir, found_val = resolve_layout(data_dir)
+    train, class_names = scan_class_folders(train_dir)
+    val_folder = val_dir if val_dir is not None else found_val
+    val = None if val_folder is None else scan_class_folders(val_folder, class_names)[0]
+    return train, val, class_names
+
+
 def drop_undecodable(images: ImageList) -> tuple[ImageList, list[SkippedFile]]:
     """Removes files that cannot be decoded; returns the rest and the skipped files."""
     bad = find_undecodable(images.files)
     bad_paths = {b.path for b in bad}
-    kept = [(f, y) for f, y in zip(images.files, images.labels, strict=True) if f not in bad_paths]
-    return ImageList([f for f, _ in kept], [y for _, y in kept]), bad
+    return images.where([f not in bad_paths for f in images.files]), bad
 
 
 def load_splits(
@@ -364,18 +357,12 @@ def load_splits(
         raise UsageError(
             f"--validation-split {validation_split}: must be in [0, 1) (0 means no validation)"
         )
-    train_dir, found_val = resolve_layout(data_dir)
-    train, class_names = scan_class_folders(train_dir)
-    val_folder = val_dir if val_dir is not None else found_val
-    val = None
-    if val_folder is not None:
-        val, _ = scan_class_folders(val_folder, class_names)
-    elif validation_split > 0:
+    train, val, class_names = _dataset_folders(data_dir, val_dir)
+    if val is None and validation_split > 0:
         train, val = split_validation(train, validation_split, seed)
     skipped: list[SkippedFile] = []
     if check_decoding:
-        train, bad = drop_undecodable(train)
-        skipped += bad
+        train, skipped = drop_undecodable(train)
         if val is not None:
             val, bad = drop_undecodable(val)
             skipped += bad
@@ -400,15 +387,9 @@ class CheckReport:
         return not self.unreadable
 
     def to_dict(self) -> dict:
-        return {
-            "root": self.root,
-            "class_names": self.class_names,
-            "counts": self.counts,
-            "num_images": sum(sum(c.values()) for c in self.counts.values()),
-            "imbalance": self.imbalance,
-            "unreadable": [vars(s) for s in self.unreadable],
-            "mismatched_extension": [vars(s) for s in self.mismatched],
-        }
+        d = asdict(self)  # the skipped files become dicts too
+        d["mismatched_extension"] = d.pop("mismatched")
+        return {**d, "num_images": sum(sum(c.values()) for c in self.counts.values())}
 
     def to_text(self) -> str:
         lines = [f"dataset {self.root}: {len(self.class_names)} classes"]
@@ -448,23 +429,16 @@ def check_dataset(data_dir: str | os.PathLike) -> CheckReport:
 
     >>> print(check_dataset("data/demo").to_text())  # doctest: +SKIP
     """
-    train_dir, val_dir = resolve_layout(data_dir)
-    train, class_names = scan_class_folders(train_dir)
-    parts = {"train": train}
-    if val_dir is not None:
-        parts["val"], _ = scan_class_folders(val_dir, class_names)
+    train, val, class_names = _dataset_folders(data_dir)
+    parts = {"train": train} if val is None else {"train": train, "val": val}
     counts, unreadable, mismatched = {}, [], []
     for split, images in parts.items():
-        bad = find_undecodable(images.files)
+        kept, bad = drop_undecodable(images)
         unreadable += bad
-        bad_paths = {b.path for b in bad}
-        c = Counter(
-            y for f, y in zip(images.files, images.labels, strict=True) if f not in bad_paths
-        )
-        counts[split] = {name: c.get(i, 0) for i, name in enumerate(class_names)}
-        for f in images.files:
+        counts[split] = dict(zip(class_names, kept.counts(len(class_names)), strict=True))
+        for f in kept.files:
             claimed, actual = extension_format(f), sniff_format(f)
-            if f not in bad_paths and actual is not None and actual != claimed:
+            if actual is not None and actual != claimed:
                 mismatched.append(SkippedFile(f, f"extension says {claimed}, content is {actual}"))
     per_class = [sum(counts[s][n] for s in counts) for n in class_names]
     imbalance = max(per_class) / max(min(per_class), 1)

@@ -1,17 +1,16 @@
 """Reading one image file: what format its bytes hold, and decoding it.
 
-Checking a dataset and training on it use the same decoder, so a file that
-``mdtrain data check`` passes is a file the training pipeline can read. The
-format is decided by the file's content, never by its extension.
+Checking a dataset, training on it and predicting use the same decoder
+(`load_image`), so a file that ``mdtrain data check`` passes is a file the
+training pipeline can read. The format is decided by the file's content,
+never by its extension. Nothing here imports TensorFlow at import time.
 """
 
 from __future__ import annotations
 
 import os
 
-#: Extensions that mark a file as an image candidate; anything else is ignored.
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".gif", ".bmp")
-
+#: The format each image extension claims; a file with another extension is ignored.
 _EXTENSION_FORMAT = {".jpg": "jpeg", ".jpeg": "jpeg", ".png": "png", ".gif": "gif", ".bmp": "bmp"}
 _MAGIC = (
     (b"\xff\xd8\xff", "jpeg"),
@@ -22,14 +21,35 @@ _MAGIC = (
 )
 
 
-def is_image_name(path: str | os.PathLike) -> bool:
-    """Whether a file name has one of `IMAGE_EXTENSIONS` (case-insensitive)."""
-    return os.path.splitext(str(path))[1].lower() in IMAGE_EXTENSIONS
-
-
 def extension_format(path: str | os.PathLike) -> str | None:
     """The format a file's extension claims (`"jpeg"`, `"png"`, ...), or None."""
     return _EXTENSION_FORMAT.get(os.path.splitext(str(path))[1].lower())
+
+
+def is_image_name(path: str | os.PathLike) -> bool:
+    """Whether a file name has an image extension (.jpg .jpeg .png .gif .bmp, any case)."""
+    return extension_format(path) is not None
+
+
+def image_files(folder: str | os.PathLike) -> list[str]:
+    """The image files under `folder`, recursively, sorted; hidden files and folders left out.
+
+    Args:
+        folder: the folder to search.
+
+    Returns:
+        The paths (`folder` joined with each file's place under it), folder by
+        folder, each folder's files sorted by name.
+    """
+    files = []
+    for dirpath, dirnames, filenames in os.walk(folder):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        files += [
+            os.path.join(dirpath, f)
+            for f in sorted(filenames)
+            if not f.startswith(".") and is_image_name(f)
+        ]
+    return files
 
 
 def sniff_format(path: str | os.PathLike) -> str | None:
@@ -50,21 +70,62 @@ def sniff_format(path: str | os.PathLike) -> str | None:
     return None
 
 
-def decode_image(contents, channels: int = 3):
-    """Decodes JPEG, PNG, GIF or BMP bytes to a `uint8` tensor of shape (H, W, channels).
+def decode_image(contents):
+    """Decodes JPEG, PNG, GIF or BMP bytes to a `uint8` tensor of shape (H, W, 3).
 
     The format is detected from the bytes. Animated GIFs give their first
-    frame; grey images are expanded to `channels`.
+    frame; grey images are expanded to three channels.
 
     Args:
         contents: scalar string tensor holding the file's bytes.
-        channels: number of colour channels of the result. Defaults to 3.
 
     Returns:
         A `uint8` tensor of rank 3 with static channel dimension.
     """
     import tensorflow as tf
 
-    image = tf.io.decode_image(contents, channels=channels, expand_animations=False)
-    image.set_shape([None, None, channels])
+    image = tf.io.decode_image(contents, channels=3, expand_animations=False)
+    image.set_shape([None, None, 3])
     return image
+
+
+def load_image(path, image_size: int):
+    """Reads, decodes and resizes one image file to a (size, size, 3) uint8 tensor.
+
+    The aspect ratio is not kept (as in `image_dataset_from_directory` and
+    `flow_from_directory`); bilinear resizing. JPEGs at least twice the target
+    size are decoded at reduced scale first (`decode_jpeg(ratio=...)`).
+
+    Args:
+        path: scalar string tensor (or str, or bytes) naming the file.
+        image_size: side of the square result.
+
+    Returns:
+        A `uint8` tensor of shape (image_size, image_size, 3).
+    """
+    import tensorflow as tf
+
+    contents = tf.io.read_file(path)
+    is_jpeg = tf.equal(tf.strings.substr(contents, 0, 3), b"\xff\xd8\xff")
+    image = tf.cond(
+        is_jpeg, lambda: _decode_reduced(contents, image_size), lambda: decode_image(contents)
+    )
+    image.set_shape([None, None, 3])
+    image = tf.image.resize(image, [image_size, image_size])
+    return tf.cast(tf.clip_by_value(tf.round(image), 0.0, 255.0), tf.uint8)
+
+
+def _decode_reduced(contents, image_size: int):
+    """Decodes a JPEG at 1/2, 1/4 or 1/8 scale when it stays at least `image_size`.
+
+    libjpeg scales in the inverse DCT, so a 4x-too-large photo decodes about
+    as fast as a small one; the bilinear resize that follows sees fewer pixels.
+    """
+    import tensorflow as tf
+
+    shape = tf.image.extract_jpeg_shape(contents)
+    smallest = tf.minimum(shape[0], shape[1])
+    # Index of the largest ratio in (1, 2, 4, 8) that keeps the short side >= image_size.
+    index = tf.reduce_sum(tf.cast(smallest >= image_size * tf.constant([2, 4, 8]), tf.int32))
+    branches = [lambda r=r: tf.io.decode_jpeg(contents, channels=3, ratio=r) for r in (1, 2, 4, 8)]
+    return tf.switch_case(index, branches)

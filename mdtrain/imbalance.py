@@ -10,41 +10,25 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-__all__ = ["balanced_class_weights", "class_weights_for"]
-
-
-def balanced_class_weights(counts: Sequence[int]) -> list[float]:
-    """Weight `n / (k × n_c)` per class, so that every class carries the same total weight.
-
-    `n` is the number of examples, `k` the number of classes and `n_c` the
-    examples of class `c`: each class's examples then weigh `n / k` in all,
-    as scikit-learn's `compute_class_weight("balanced", ...)` computes. A class
-    without examples gets weight 0.
-
-    Args:
-        counts: examples per class, indexed by label.
-
-    Returns:
-        One weight per class, in label order.
-
-    Example:
-
-    >>> balanced_class_weights([30, 10])
-    [0.6666666666666666, 2.0]
-    """
-    total, k = sum(counts), len(counts)
-    return [total / (k * c) if c else 0.0 for c in counts]
+__all__ = ["class_weights_for"]
 
 
 def class_weights_for(mode: str, counts: Sequence[int]) -> list[float] | None:
     """The class weights `--class-weight MODE` gives a training run.
+
+    `"auto"` weighs class `c` by `n / (k × n_c)`, so that every class carries
+    the same total weight: `n` is the number of examples, `k` the number of
+    classes and `n_c` the examples of class `c`, whose examples then weigh
+    `n / k` in all, as scikit-learn's `compute_class_weight("balanced", ...)`
+    computes. A class without examples gets weight 0.
 
     Args:
         mode: `"auto"` (balanced weights) or `"none"`.
         counts: training examples per class, indexed by label.
 
     Returns:
-        `balanced_class_weights(counts)` for `"auto"`, None (no weighting) otherwise.
+        One weight per class, in label order, for `"auto"`; None (no
+        weighting) otherwise.
 
     Example:
 
@@ -53,4 +37,7 @@ def class_weights_for(mode: str, counts: Sequence[int]) -> list[float] | None:
     >>> class_weights_for("none", [30, 10]) is None
     True
     """
-    return balanced_class_weights(counts) if mode == "auto" else None
+    if mode != "auto":
+        return None
+    total, k = sum(counts), len(counts)
+    return [total / (k * c) if c else 0.0 for c in counts]

@@ -46,49 +46,14 @@ import numpy as np
 import tensorflow as tf
 
 from mdtrain.augment import AugmentPolicy, augment_batch, draw_packed
+from mdtrain.choices import CACHE_MODES  # the values of `cache=` and of `mdtrain train --cache`
 from mdtrain.data import ImageList, SkippedFile, Splits, cache_folder, tf_paths
 from mdtrain.disk_cache import cache_prefix, claim
 from mdtrain.distribute import shard_by_batch
 from mdtrain.errors import UsageError
-from mdtrain.images import decode_image
+from mdtrain.images import load_image
 
 AUTOTUNE = tf.data.AUTOTUNE
-
-
-def _is_jpeg(contents: tf.Tensor) -> tf.Tensor:
-    return tf.equal(tf.strings.substr(contents, 0, 3), b"\xff\xd8\xff")
-
-
-def _decode_reduced(contents: tf.Tensor, image_size: int) -> tf.Tensor:
-    """Decodes a JPEG at 1/2, 1/4 or 1/8 scale when it stays at least `image_size`.
-
-    libjpeg scales in the inverse DCT, so a 4x-too-large photo decodes about
-    as fast as a small one; the bilinear resize that follows sees fewer pixels.
-    """
-    shape = tf.image.extract_jpeg_shape(contents)
-    smallest = tf.minimum(shape[0], shape[1])
-    # Index of the largest ratio in (1, 2, 4, 8) that keeps the short side >= image_size.
-    index = tf.reduce_sum(tf.cast(smallest >= image_size * tf.constant([2, 4, 8]), tf.int32))
-    branches = [lambda r=r: tf.io.decode_jpeg(contents, channels=3, ratio=r) for r in (1, 2, 4, 8)]
-    return tf.switch_case(index, branches)
-
-
-def load_image(path: tf.Tensor, image_size: int) -> tf.Tensor:
-    """Reads, decodes and resizes one image file to a (size, size, 3) uint8 tensor.
-
-    The aspect ratio is not kept (as in `image_dataset_from_directory` and
-    `flow_from_directory`); bilinear resizing. JPEGs at least twice the target
-    size are decoded at reduced scale first (`decode_jpeg(ratio=...)`).
-    """
-    contents = tf.io.read_file(path)
-    image = tf.cond(
-        _is_jpeg(contents),
-        lambda: _decode_reduced(contents, image_size),
-        lambda: decode_image(contents),
-    )
-    image.set_shape([None, None, 3])
-    image = tf.image.resize(image, [image_size, image_size])
-    return tf.cast(tf.clip_by_value(tf.round(image), 0.0, 255.0), tf.uint8)
 
 
 def _set_options(ds: tf.data.Dataset, deterministic: bool) -> tf.data.Dataset:
@@ -97,29 +62,11 @@ def _set_options(ds: tf.data.Dataset, deterministic: bool) -> tf.data.Dataset:
     return shard_by_batch(ds.with_options(options))
 
 
-def decoded_images(
-    images: ImageList, image_size: int, cache: bool | str = False, deterministic: bool = True
-) -> tf.data.Dataset:
-    """Dataset of `(uint8 image, int32 label)` in file order, decoded in parallel.
-
-    Args:
-        images: files and labels.
-        image_size: side of the square output.
-        cache: True caches in memory, a string caches to that file prefix.
-            Defaults to False.
-        deterministic: keep file order even when parallel decoding finishes
-            out of order. Defaults to True.
-
-    Returns:
-        An unbatched dataset.
-    """
-    ds = tf.data.Dataset.from_tensor_slices(
+def _file_names(images: ImageList) -> tf.data.Dataset:
+    """`(path, label)` of each file, in file order: what the shuffles reorder."""
+    return tf.data.Dataset.from_tensor_slices(
         (tf_paths(images.files), np.asarray(images.labels, np.int32))
     )
-    ds = _decode(ds, image_size, deterministic)
-    if cache:
-        ds = ds.cache("" if cache is True else cache)
-    return ds
 
 
 def _decode(names: tf.data.Dataset, image_size: int, deterministic: bool) -> tf.data.Dataset:
@@ -129,6 +76,23 @@ def _decode(names: tf.data.Dataset, image_size: int, deterministic: bool) -> tf.
         num_parallel_calls=AUTOTUNE,
         deterministic=deterministic,
     )
+
+
+def decoded_images(
+    images: ImageList, image_size: int, deterministic: bool = True
+) -> tf.data.Dataset:
+    """Dataset of `(uint8 image, int32 label)` in file order, decoded in parallel.
+
+    Args:
+        images: files and labels.
+        image_size: side of the square output.
+        deterministic: keep file order even when parallel decoding finishes
+            out of order. Defaults to True.
+
+    Returns:
+        An unbatched dataset.
+    """
+    return _decode(_file_names(images), image_size, deterministic)
 
 
 def epoch_seed(seed: int | tf.Tensor, epoch: int | tf.Tensor) -> int | tf.Tensor:
@@ -149,20 +113,12 @@ def epoch_seed(seed: int | tf.Tensor, epoch: int | tf.Tensor) -> int | tf.Tensor
 #: Where `InputData` leaves the augmentation: applied in the pipeline, or drawn for the model.
 AUGMENT_PLACES = ("pipeline", "model")
 
-#: The values of `InputData(cache=...)` and of `mdtrain train --cache`.
-CACHE_MODES = ("auto", "memory", "disk", "none")
-
 #: `cache="auto"` keeps the decoded set in memory when it takes at most this share of
 #: the memory available now: the model, the optimizer and the batches need the rest.
 AUTO_MEMORY_SHARE = 0.25
 
 #: Shuffle buffer (decoded images) after a disk cache: a bounded memory cost.
 DISK_SHUFFLE_BUFFER = 1024
-
-
-def decoded_bytes(num_images: int, image_size: int) -> int:
-    """Memory that `num_images` decoded uint8 images of `image_size` px take."""
-    return num_images * image_size * image_size * 3
 
 
 def resolve_cache(
@@ -201,7 +157,8 @@ def resolve_cache(
         import psutil
 
         available = psutil.virtual_memory().available
-    if decoded_bytes(num_images, image_size) <= AUTO_MEMORY_SHARE * available:
+    decoded_bytes = num_images * image_size * image_size * 3  # uint8 RGB
+    if decoded_bytes <= AUTO_MEMORY_SHARE * available:
         return "memory"
     return "disk" if cache_dir is not None else "none"
 
@@ -266,16 +223,14 @@ class InputData:
         self.cache_mode = resolve_cache(
             self.cache, self.num_train + self.num_val, self.image_size, self.cache_dir
         )
-        train = self.splits.train
-        self._names = tf.data.Dataset.from_tensor_slices(
-            (tf_paths(train.files), np.asarray(train.labels, np.int32))
-        )
+        # Epoch 0's order: a shuffle of the names (whose buffer holds names only).
+        self._first_order = self._shuffled(_file_names(self.splits.train), 0, self.num_train)
         self._train_cached = None
         if self.cache_mode != "none":
             # Decoded in epoch 0's order, deterministically, so later epochs (a
             # shuffle of the cache) depend on (seed, epoch) only.
-            ds = _decode(self._first_order(self._names), self.image_size, deterministic=True)
-            self._train_cached = ds.cache(self._cache_file(train, "train"))
+            ds = _decode(self._first_order, self.image_size, deterministic=True)
+            self._train_cached = ds.cache(self._cache_file(self.splits.train, "train"))
         self.val_ds = None
         if self.num_val:
             val = decoded_images(self.splits.val, self.image_size, deterministic=self.deterministic)
@@ -293,14 +248,6 @@ class InputData:
         prefix = cache_prefix(folder, images.files, self.image_size, order, split, self.cache_task)
         claim(prefix)
         return prefix
-
-    def _first_order(self, ds: tf.data.Dataset) -> tf.data.Dataset:
-        """Epoch 0's order: a shuffle of the names (whose buffer holds names only)."""
-        return self._shuffled(ds, 0, self.num_train)
-
-    def _reshuffle(self, ds: tf.data.Dataset, epoch: int, buffer: int) -> tf.data.Dataset:
-        """Epoch `epoch`'s reshuffle of epoch 0's order (none for epoch 0 itself)."""
-        return ds if epoch == 0 else self._shuffled(ds, epoch, buffer)
 
     def _shuffled(self, ds: tf.data.Dataset, epoch: int, buffer: int) -> tf.data.Dataset:
         if not self.shuffle:
@@ -351,12 +298,13 @@ class InputData:
             A dataset of `(images, labels)` batches, or of `(images, labels,
             transforms)` with `augment_in="model"`.
         """
-        if self._train_cached is not None:
-            buffer = self.num_train if self.cache_mode == "memory" else DISK_SHUFFLE_BUFFER
-            ds = self._reshuffle(self._train_cached, epoch, buffer)
-        else:
-            names = self._reshuffle(self._first_order(self._names), epoch, self.num_train)
-            ds = _decode(names, self.image_size, self.deterministic)
+        cached = self._train_cached is not None
+        ds = self._train_cached if cached else self._first_order
+        if epoch > 0:  # epoch 0's order shuffled again, by a seed of this epoch's
+            buffer = DISK_SHUFFLE_BUFFER if self.cache_mode == "disk" else self.num_train
+            ds = self._shuffled(ds, epoch, buffer)
+        if not cached:
+            ds = _decode(ds, self.image_size, self.deterministic)
         ds = ds.batch(self.global_batch_size)
         return ds if self.augment is None else self._augmented(ds, epoch)
 

@@ -38,18 +38,12 @@ def default_demo_dir() -> Path:
 
 def _shape_polygon(shape: str, cx: float, cy: float, r: float, angle: float) -> list:
     if shape == "square":
-        pts = [(1, 1), (-1, 1), (-1, -1), (1, -1)]
-        pts = [(x * 0.8, y * 0.8) for x, y in pts]
+        pts = [(0.8, 0.8), (-0.8, 0.8), (-0.8, -0.8), (0.8, -0.8)]
     elif shape == "triangle":
         pts = [(math.cos(a), math.sin(a)) for a in np.linspace(0, 2 * math.pi, 4)[:3]]
-    elif shape == "star":
-        pts = [
-            (
-                (1.0 if k % 2 == 0 else 0.45) * math.cos(a),
-                (1.0 if k % 2 == 0 else 0.45) * math.sin(a),
-            )
-            for k, a in enumerate(np.linspace(0, 2 * math.pi, 11)[:10])
-        ]
+    elif shape == "star":  # ten corners, alternately on the unit circle and at 0.45
+        corners = zip([1.0, 0.45] * 5, np.linspace(0, 2 * math.pi, 11)[:10], strict=True)
+        pts = [(r * math.cos(a), r * math.sin(a)) for r, a in corners]
     elif shape == "cross":
         w = 0.32
         pts = [(w, 1), (-w, 1), (-w, w), (-1, w), (-1, -w), (-w, -w), (-w, -1), (w, -1),
@@ -60,9 +54,7 @@ def _shape_polygon(shape: str, cx: float, cy: float, r: float, angle: float) -> 
     return [(cx + r * (c * x - s * y), cy + r * (s * x + c * y)) for x, y in pts]
 
 
-def draw_shape_image(
-    shape: str, rng: np.random.Generator, size: int = 256, distractors: int = 3
-) -> Image.Image:
+def draw_shape_image(shape: str, rng: np.random.Generator, size: int = 256) -> Image.Image:
     """Draws one demo image: a shape of random colour, size, angle and place on clutter.
 
     The background is a colour gradient with noise and a few outlined
@@ -82,9 +74,9 @@ def draw_shape_image(
     top, bottom = rng.uniform(0, 255, 3), rng.uniform(0, 255, 3)
     t = np.linspace(0, 1, h)[:, None, None]
     bg = (1 - t) * top + t * bottom + rng.normal(0, 10, (h, w, 3))
-    img = Image.fromarray(np.clip(bg, 0, 255).astype(np.uint8).repeat(1, axis=1))
+    img = Image.fromarray(np.clip(bg, 0, 255).astype(np.uint8))
     draw = ImageDraw.Draw(img)
-    for _ in range(rng.integers(0, distractors) if distractors else 0):  # lines, hollow ellipses
+    for _ in range(rng.integers(0, 3)):  # up to two distractors: lines, hollow ellipses
         x0, y0, x1, y1 = rng.uniform(0, [w, h, w, h])
         col = tuple(int(v) for v in rng.integers(0, 256, 3))
         if rng.random() < 0.5:
@@ -222,16 +214,15 @@ def dataset_dir(data_dir: str | os.PathLike | None = None, smoke: bool = False) 
     return ensure_demo_dataset()
 
 
-def write_digits_dataset(out: str | os.PathLike, scale: int = 4, seed: int = 0) -> Path:
+def write_digits_dataset(out: str | os.PathLike) -> Path:
     """Writes scikit-learn's bundled handwritten digits as PNG class folders.
 
-    1,797 real 8×8 scans of the digits 0–9, enlarged `scale` times, split 80/20
-    per class into `train/` and `val/`. Needs no network.
+    1,797 real 8×8 scans of the digits 0–9, enlarged to 32×32 pixels, split
+    80/20 per class (seeded, always the same split) into `train/` and `val/`.
+    Needs no network.
 
     Args:
         out: folder to create; must not exist.
-        scale: enlargement factor. Defaults to 4 (32×32 pixels).
-        seed: seed of the train/val split. Defaults to 0.
 
     Returns:
         The dataset folder.
@@ -239,7 +230,7 @@ def write_digits_dataset(out: str | os.PathLike, scale: int = 4, seed: int = 0) 
     from sklearn.datasets import load_digits
 
     digits = load_digits()
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(0)
 
     def build(tmp: Path) -> None:
         for label in range(10):
@@ -252,9 +243,9 @@ def write_digits_dataset(out: str | os.PathLike, scale: int = 4, seed: int = 0) 
                 for i in sorted(part):
                     pixels = (digits.images[i] * (255 / 16)).astype(np.uint8)
                     img = Image.fromarray(pixels, "L")
-                    img = img.resize((8 * scale, 8 * scale), Image.Resampling.BICUBIC)
+                    img = img.resize((32, 32), Image.Resampling.BICUBIC)
                     img.save(folder / f"digit_{i:04d}.png")
-        (tmp / _MARKER).write_text(json.dumps({"kind": "digits", "scale": scale, "seed": seed}))
+        (tmp / _MARKER).write_text(json.dumps({"kind": "digits", "scale": 4, "seed": 0}))
 
     return _write_atomically(Path(out), build)
 

@@ -9,10 +9,10 @@ from scipy import stats
 
 from mdtrain.augment import (
     AugmentPolicy,
-    apply_transforms,
+    apply_packed,
     augment_batch,
+    pack_transforms,
     sample_transforms,
-    transform_matrices,
 )
 
 POLICY = AugmentPolicy()
@@ -39,9 +39,7 @@ def test_fused_transform_equals_idg_apply_transform(kernel):
     images = _smooth_images(6, 40)
     params = sample_transforms(6, POLICY, tf.constant([3, 4]))
     params["flip"] = tf.constant([0.0, 1.0, 0.0, 1.0, 0.0, 1.0])
-    ours = apply_transforms(
-        tf.constant(images), transform_matrices(params, 40, 40), "nearest", kernel
-    )
+    ours = apply_packed(tf.constant(images), POLICY, pack_transforms(params, 40, 40), kernel)
     idg = _idg()
     for i in range(6):
         expected = idg.apply_transform(
@@ -86,9 +84,9 @@ def test_stateless_seeds_reproduce_and_differ():
 
 def test_xla_kernel_matches_tensorflow_op_on_uint8():
     images = tf.constant(np.random.default_rng(1).integers(0, 256, (3, 24, 24, 3), np.uint8))
-    m = transform_matrices(sample_transforms(3, POLICY, tf.constant([5, 6])), 24, 24)
-    fast = apply_transforms(images, m, kernel="xla").numpy().astype(int)
-    reference = apply_transforms(tf.cast(images, tf.float32), m, kernel="op").numpy()
+    packed = pack_transforms(sample_transforms(3, POLICY, tf.constant([5, 6])), 24, 24)
+    fast = apply_packed(images, POLICY, packed, kernel="xla").numpy().astype(int)
+    reference = apply_packed(tf.cast(images, tf.float32), POLICY, packed, kernel="op").numpy()
     assert np.abs(fast - reference).max() <= 0.5 + 1e-3  # rounding only
 
 
@@ -144,8 +142,8 @@ def test_brightness_is_drawn_with_image_data_generator_meaning():
 def test_colour_is_a_gain_and_offset_in_the_same_pass(kernel):
     images = _smooth_images(4, 32)
     params = sample_transforms(4, COLOUR, tf.constant([1, 1]))
-    matrices = transform_matrices(params, 32, 32)
-    geometry_only = apply_transforms(tf.constant(images), matrices, kernel=kernel).numpy()
+    packed = pack_transforms(params, 32, 32)
+    geometry_only = apply_packed(tf.constant(images), POLICY, packed, kernel).numpy()
     b, c = params["brightness"].numpy(), params["contrast"].numpy()
     mean = images.mean(axis=(1, 2))  # per image and channel, of the source
     expected = b[:, None, None, None] * (
@@ -167,8 +165,8 @@ def test_nearest_sampling_equals_idg_interpolation_order_0(kernel):
     policy = AugmentPolicy(interpolation="nearest")
     images = np.random.default_rng(2).integers(0, 256, (3, 24, 24, 3)).astype(np.float32)
     params = sample_transforms(3, policy, tf.constant([8, 1]))
-    ours = apply_transforms(tf.constant(images), transform_matrices(params, 24, 24),
-                            kernel=kernel, interpolation="nearest").numpy()  # fmt: skip
+    ours = apply_packed(tf.constant(images), policy, pack_transforms(params, 24, 24), kernel)
+    ours = ours.numpy()
     idg = tf.keras.preprocessing.image.ImageDataGenerator(**policy.image_data_generator_kwargs())
     for i in range(3):
         expected = idg.apply_transform(images[i], {

@@ -198,14 +198,6 @@ def test_a_changed_file_is_checked_again(tiny_dataset, tmp_path, own_cache, monk
     assert "cannot be read" in find_undecodable(files)[0].reason
 
 
-def test_remember_false_decodes_everything_and_writes_nothing(tiny_dataset, own_cache, monkeypatch):
-    files = sorted(str(p) for p in (tiny_dataset / "train").rglob("*.jpg"))
-    scanned = _counting_scan(monkeypatch)
-    find_undecodable(files, remember=False)
-    find_undecodable(files, remember=False)
-    assert len(scanned) == 2 * len(files) and not own_cache.exists()
-
-
 def test_cache_folder_defaults_to_the_user_cache(monkeypatch, tmp_path):
     monkeypatch.delenv("MDTRAIN_CACHE_DIR", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))

@@ -5,21 +5,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mdtrain.imbalance import balanced_class_weights, class_weights_for
+from mdtrain.imbalance import class_weights_for
 
 COUNTS = [10, 5, 3, 2, 1]
 
 
-def test_balanced_class_weights():
-    weights = balanced_class_weights(COUNTS)
+def test_auto_class_weights_are_balanced_and_none_is_none():
+    weights = class_weights_for("auto", COUNTS)
     np.testing.assert_allclose(weights, [21 / (5 * c) for c in COUNTS])
     # every class then carries the same total weight: n / k
     np.testing.assert_allclose(np.multiply(weights, COUNTS), [21 / 5] * 5)
-    assert balanced_class_weights([4, 0]) == [0.5, 0.0]
-
-
-def test_class_weights_for_each_mode():
-    assert class_weights_for("auto", COUNTS) == balanced_class_weights(COUNTS)
+    assert class_weights_for("auto", [4, 0]) == [0.5, 0.0]
     assert class_weights_for("none", COUNTS) is None
 
 
@@ -91,7 +87,7 @@ def test_exact_trainer_class_weights_are_keras_class_weight():
     images = rng.uniform(0, 1, (16, 8, 8, 3))
     labels = np.array([0] * 10 + [1] * 4 + [2] * 2, np.int32)[rng.permutation(16)]
     batches = tf.data.Dataset.from_tensor_slices((images, labels)).batch(8)  # 4 + 4 per replica
-    weights = balanced_class_weights(np.bincount(labels).tolist())
+    weights = class_weights_for("auto", np.bincount(labels).tolist())
 
     exact = _train_tiny(strategy, batches, weights, exact=True)
     keras_weighted = _train_tiny(strategy, batches, weights, exact=False)

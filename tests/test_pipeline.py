@@ -17,7 +17,7 @@ from PIL import Image
 from mdtrain.data import load_splits
 from mdtrain.errors import UsageError
 from mdtrain.images import decode_image
-from mdtrain.pipeline import InputData, decoded_bytes, decoded_images, load_image, resolve_cache
+from mdtrain.pipeline import InputData, decoded_images, load_image, resolve_cache
 from mdtrain.sources import make_synthetic_dataset
 
 SIZE, BATCH = 32, 16
@@ -174,8 +174,7 @@ def test_a_disk_cache_being_filled_by_a_live_process_is_one_clear_error(splits, 
 
 
 def test_cache_modes_resolve_by_the_memory_available():
-    need = decoded_bytes(1000, 224)
-    assert need == 1000 * 224 * 224 * 3
+    need = 1000 * 224 * 224 * 3  # bytes of 1,000 decoded uint8 RGB images
     assert resolve_cache("auto", 1000, 224, available=4 * need) == "memory"
     assert resolve_cache("auto", 1000, 224, available=2 * need) == "none"
     assert resolve_cache("auto", 1000, 224, "/tmp/x", available=2 * need) == "disk"
