@@ -24,7 +24,7 @@ with strategy.scope():
     trainer = mdtrain.ExactTrainer(mdtrain.build_model("small-cnn", 5, 32))
     trainer.compile(optimizer="adam")
 trainer.fit(data.train_epochs(0, 3), epochs=3, steps_per_epoch=data.steps_per_epoch,
-            validation_data=data.val_dataset())
+            validation_data=data.val_ds)
 ```
 
 Documented submodules, for what the front door does not carry:
@@ -52,7 +52,7 @@ _EXPORTS = {
     "check_dataset": "mdtrain.data",
     # the input pipeline and augmentation
     "InputData": "mdtrain.pipeline",
-    "load_image": "mdtrain.pipeline",
+    "load_image": "mdtrain.images",
     "AugmentPolicy": "mdtrain.augment",
     "augment_batch": "mdtrain.augment",
     "FusedAugmentation": "mdtrain.augment_layer",

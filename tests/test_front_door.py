@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -92,3 +93,21 @@ def test_tested_range_is_the_one_pyproject_installs():
     (k_old, k_new), (t_old, t_new) = versions.TESTED["keras"], versions.TESTED["tensorflow"]
     assert f"keras>={k_old[0]}.{k_old[1]},<{k_new[0]}.{k_new[1] + 1}" in cpu
     assert f"tensorflow-cpu>={t_old[0]}.{t_old[1]},<{t_new[0]}.{t_new[1] + 1}" in cpu
+
+
+@pytest.mark.slow
+def test_the_docstring_examples_run(tmp_path):
+    """Both examples of `mdtrain.__doc__`, as written, on the small demo dataset for one epoch."""
+    import re
+
+    blocks = re.findall(r"```python\n(.*?)```", mdtrain.__doc__, flags=re.S)
+    assert len(blocks) == 2
+    script = "\n".join(blocks).replace("epochs=3", "epochs=1").replace("(0, 3)", "(0, 1)")
+    script = script.replace("TrainConfig(", "TrainConfig(data=str(mdtrain.dataset_dir()), ")
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True, text=True, timeout=600, cwd=tmp_path,
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "MDTRAIN_DATA_DIR": str(tmp_path)},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "val_accuracy" in done.stdout
