@@ -188,17 +188,8 @@ def _block(x, index: int, filters_in: int, filters: int, kernel: int, stride: in
     return x
 
 
-def lite0_base(image_size: int | None = 224, name: str = "base"):
-    """EfficientNet-Lite0 without its classifier: 0–255 images in, 1280 features out.
-
-    Args:
-        image_size: side of the square input; None for any size. Defaults to 224.
-        name: the model's name. Defaults to `"base"` (what `unfreeze_top` looks for).
-
-    Returns:
-        An uncompiled functional model with random weights, ending in global
-        average pooling.
-    """
+def _base(image_size: int | None):
+    """EfficientNet-Lite0 without its classifier, `"base"`: 0–255 images in, 1280 features out."""
     import keras
     from keras import layers
 
@@ -213,7 +204,7 @@ def lite0_base(image_size: int | None = 224, name: str = "base"):
             filters_in, index = filters, index + 1
     x = _conv_bn(x, "head_", 1, filters=HEAD_FILTERS)
     x = layers.GlobalAveragePooling2D(name="avg_pool")(x)
-    return keras.Model(inputs, x, name=name)
+    return keras.Model(inputs, x, name="base")
 
 
 def imagenet_classifier(image_size: int | None = 224, weights: str | None = "imagenet"):
@@ -246,9 +237,7 @@ def imagenet_classifier(image_size: int | None = 224, weights: str | None = "ima
 
     weights = resolve_weights(weights, WEIGHTS_FILE_KIND)
     inputs = keras.Input((image_size, image_size, 3), name="image")
-    outputs = classification_head(
-        lite0_base(image_size)(inputs), NUM_IMAGENET_CLASSES, 0, "imagenet"
-    )
+    outputs = classification_head(_base(image_size)(inputs), NUM_IMAGENET_CLASSES, 0, "imagenet")
     model = keras.Model(inputs, outputs, name="efficientnet_lite0_imagenet")
     if weights == "imagenet":
         _load_cached_imagenet_weights(model)

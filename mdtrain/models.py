@@ -10,13 +10,14 @@ first is the classic silent mistake that ruins pretrained accuracy.
 from __future__ import annotations
 
 import os
+import warnings
 
 import keras
 from keras import layers
 
 from mdtrain.choices import EFFICIENTNETS as _EFFICIENTNETS
 from mdtrain.choices import LITE0, MODELS, check_dropout, check_image_size, check_model_name
-from mdtrain.errors import UsageError, first_line, warnings_only_if_it_succeeds
+from mdtrain.errors import UsageError
 from mdtrain.norm import ExactBatchNormalization
 
 BASE_NAME = "base"
@@ -83,16 +84,24 @@ def resolve_weights(weights: str | None, file_kind: str) -> str | None:
 def load_weights_file(model: keras.Model, path: str, name: str) -> None:
     """`model.load_weights(path)`, with one line for a file that does not fit.
 
+    Keras' error for a weights file of another model lists every layer (99
+    lines for `efficientnet-lite0`), after a warning for each ("Skipping
+    variable loading ..."): the error's first line says what happened, and
+    the warnings are passed on only if loading succeeds.
+
     Raises:
         UsageError: if the file is not a weights file of `model`.
     """
-    try:
-        with warnings_only_if_it_succeeds():
+    with warnings.catch_warnings(record=True) as caught:
+        try:
             model.load_weights(path)
-    except Exception as e:  # Keras raises several types for a file that does not fit
-        raise UsageError(
-            f"--weights {path}: cannot be loaded into {name} ({first_line(e)})"
-        ) from None
+        except Exception as e:  # Keras raises several types for a file that does not fit
+            first_line = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise UsageError(
+                f"--weights {path}: cannot be loaded into {name} ({first_line})"
+            ) from None
+    for w in caught:
+        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
 
 
 def _efficientnetv2_base(name: str, image_size: int, weights: str | None) -> keras.Model:
