@@ -65,13 +65,6 @@ NUM_IMAGENET_CLASSES = 1000
 # ---------------------------------------------------------------- legacy PyTorch file
 
 
-class _Storage:
-    """One flat storage of the file; filled with data after the pickle is read."""
-
-    def __init__(self, dtype, size: int) -> None:
-        self.dtype, self.size, self.data = np.dtype(dtype), size, None
-
-
 _STORAGE_DTYPES = {
     "FloatStorage": "<f4",
     "DoubleStorage": "<f8",
@@ -85,8 +78,8 @@ _STORAGE_DTYPES = {
 }
 
 
-def _rebuild_tensor(storage, offset, size, stride, *_ignored):
-    return (storage, int(offset), tuple(size), tuple(stride))
+def _rebuild_tensor(storage_key, offset, size, stride, *_ignored):
+    return storage_key, int(offset), tuple(size), tuple(stride)
 
 
 class _Unpickler(pickle.Unpickler):
@@ -102,12 +95,12 @@ class _Unpickler(pickle.Unpickler):
         raise pickle.UnpicklingError(f"unexpected object {module}.{name} in a weights file")
 
     def persistent_load(self, pid):
-        kind, storage_type, key, _location, size = pid[:5]
+        """A tensor's storage: its key, and the dtype its bytes (after the pickle) have."""
+        kind, storage_type, key = pid[:3]
         if kind != "storage":
             raise pickle.UnpicklingError(f"unexpected persistent id {kind!r}")
-        if key not in self.storages:
-            self.storages[key] = _Storage(_STORAGE_DTYPES[storage_type], int(size))
-        return self.storages[key]
+        self.dtypes[key] = np.dtype(_STORAGE_DTYPES[storage_type])
+        return key
 
 
 def read_legacy_torch_file(path: str | os.PathLike) -> dict[str, np.ndarray]:
@@ -139,19 +132,18 @@ def read_legacy_torch_file(path: str | os.PathLike) -> dict[str, np.ndarray]:
             raise ValueError(f"{path}: not a legacy PyTorch file")
         pickle.load(f), pickle.load(f)  # protocol version, system info
         unpickler = _Unpickler(f)
-        unpickler.storages = {}
+        unpickler.dtypes = {}
         state = unpickler.load()
+        storages = {}
         for key in pickle.load(f):
-            storage = unpickler.storages[key]
+            dtype = unpickler.dtypes[key]
             count = int(np.frombuffer(f.read(8), "<i8")[0])
-            storage.data = np.frombuffer(f.read(count * storage.dtype.itemsize), storage.dtype)
+            storages[key] = np.frombuffer(f.read(count * dtype.itemsize), dtype)
     out = {}
-    for name, (storage, offset, size, stride) in state.items():
-        item = storage.dtype.itemsize
-        view = np.lib.stride_tricks.as_strided(
-            storage.data[offset:], size, tuple(s * item for s in stride), writeable=False
-        )
-        out[name] = np.array(view)
+    for name, (key, offset, size, stride) in state.items():
+        data = storages[key]
+        strides = tuple(s * data.itemsize for s in stride)
+        out[name] = np.array(np.lib.stride_tricks.as_strided(data[offset:], size, strides))
     return out
 
 

@@ -26,10 +26,12 @@ def _bars(ax) -> list[Rectangle]:
     return [p for c in ax.containers for p in c.patches]
 
 
-def test_image_grid_titles_and_marks():
-    fig = plots.image_grid(_images(5), [0, 1, 2, 0, 1], CLASSES, ncols=3, marks=[1, 0, 1, 1, 0])
+def test_image_grid_titles_and_frames():
+    fig = plots.image_grid(_images(5), [0, 1, 2, 0, 1], CLASSES, ncols=3)
     assert len(fig.axes) == 5  # the sixth cell of the 2 x 3 grid is removed
     assert [ax.get_title() for ax in fig.axes] == ["circle", "cross", "square", "circle", "cross"]
+    assert not fig.axes[0].spines["left"].get_visible()  # no prediction: no frame
+    fig = plots.image_grid(_images(5), [0, 1, 2, 0, 1], CLASSES, ncols=3, predicted=[0, 2, 2, 0, 0])
     right = fig.axes[0].spines["left"]
     wrong = fig.axes[1].spines["left"]
     assert right.get_visible() and wrong.get_visible()
@@ -95,9 +97,7 @@ def test_image_grid_per_class_without_predictions_labels_rows_only():
     assert [ax.get_ylabel() for ax in fig.axes[::2]] == CLASSES
 
 
-def test_image_grid_rejects_marks_with_predictions_and_bad_sizes():
-    with pytest.raises(ValueError, match="not both"):
-        plots.image_grid(_images(2), [0, 1], CLASSES, marks=[1, 1], predicted=[0, 1])
+def test_image_grid_rejects_bad_sizes():
     with pytest.raises(ValueError, match="predicted"):
         plots.image_grid(_images(2), [0, 1], CLASSES, predicted=[0])
     with pytest.raises(ValueError, match="per_class"):
