@@ -38,11 +38,9 @@ def show_image(ax, image, title: str | None = None, color: str | None = None) ->
     ax.set_yticks([])
     if title:
         ax.set_title(title, fontsize=9, color=color or "black")
-    for spine in ax.spines.values():
-        spine.set_visible(color is not None)
-        if color is not None:
-            spine.set_edgecolor(color)
-            spine.set_linewidth(3)
+    ax.spines[:].set_visible(color is not None)
+    if color is not None:
+        ax.spines[:].set(edgecolor=color, linewidth=3)
 
 
 def axes_grid(
@@ -69,8 +67,6 @@ def axes_grid(
     """
     ncols = max(1, min(ncols, n) if rows is None else ncols)
     rows = rows if rows is not None else [min(ncols, n - i) for i in range(0, n, ncols)] or [0]
-    if sum(rows) != n:
-        raise ValueError(f"rows {rows} hold {sum(rows)} cells, not {n}")
     # Constrained layout keeps each cell's title clear of the row above (tight_layout
     # does not once a suptitle is set); 0.25 in per row is the title's line.
     fig = new_figure((cell * ncols + left, (cell + 0.25) * len(rows) + (0.35 if title else 0)))
