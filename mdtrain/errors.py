@@ -1,13 +1,6 @@
-"""The one exception type that means "the user asked for something we cannot do".
-
-And two helpers that keep a library's failure to the one line the user needs.
-"""
+"""The one exception type that means "the user asked for something we cannot do"."""
 
 from __future__ import annotations
-
-import contextlib
-import warnings
-from collections.abc import Iterator
 
 
 class UsageError(ValueError):
@@ -42,32 +35,3 @@ def bad_value(argument: str, value, problem: str) -> UsageError:
     """
     return UsageError(f"{argument}={value}: {problem}", argument=argument, value=value,
                       problem=problem)  # fmt: skip
-
-
-def first_line(error: BaseException) -> str:
-    """An exception's message cut to its first line.
-
-    Keras' error for a weights file of another model lists every layer (99
-    lines for `efficientnet-lite0`); the first line says what happened.
-
-    Example:
-
-    >>> first_line(ValueError("2 objects could not be loaded.\nlayer a\nlayer b"))
-    '2 objects could not be loaded.'
-    """
-    lines = str(error).strip().splitlines()
-    return lines[0].strip() if lines else type(error).__name__
-
-
-@contextlib.contextmanager
-def warnings_only_if_it_succeeds() -> Iterator[None]:
-    """Holds back the body's warnings; passes them on only if the body raises nothing.
-
-    Before it raises for a weights file of another model, Keras warns once per
-    layer ("Skipping variable loading ..."): beside the error they are noise.
-    """
-    with warnings.catch_warnings(record=True) as caught:
-        yield
-    for warning in caught:
-        warnings.warn_explicit(warning.message, warning.category, warning.filename,
-                               warning.lineno)  # fmt: skip

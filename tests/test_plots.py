@@ -10,10 +10,10 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
+from matplotlib.container import BarContainer  # noqa: E402
 from matplotlib.patches import Rectangle  # noqa: E402
 
 from mdtrain import plots  # noqa: E402
-from mdtrain.distribute import BatchGeometry  # noqa: E402
 
 CLASSES = ["circle", "cross", "square"]
 
@@ -26,10 +26,12 @@ def _bars(ax) -> list[Rectangle]:
     return [p for c in ax.containers for p in c.patches]
 
 
-def test_image_grid_titles_and_marks():
-    fig = plots.image_grid(_images(5), [0, 1, 2, 0, 1], CLASSES, ncols=3, marks=[1, 0, 1, 1, 0])
+def test_image_grid_titles_and_frames():
+    fig = plots.image_grid(_images(5), [0, 1, 2, 0, 1], CLASSES, ncols=3)
     assert len(fig.axes) == 5  # the sixth cell of the 2 x 3 grid is removed
     assert [ax.get_title() for ax in fig.axes] == ["circle", "cross", "square", "circle", "cross"]
+    assert not fig.axes[0].spines["left"].get_visible()  # no prediction: no frame
+    fig = plots.image_grid(_images(5), [0, 1, 2, 0, 1], CLASSES, ncols=3, predicted=[0, 2, 2, 0, 0])
     right = fig.axes[0].spines["left"]
     wrong = fig.axes[1].spines["left"]
     assert right.get_visible() and wrong.get_visible()
@@ -95,9 +97,7 @@ def test_image_grid_per_class_without_predictions_labels_rows_only():
     assert [ax.get_ylabel() for ax in fig.axes[::2]] == CLASSES
 
 
-def test_image_grid_rejects_marks_with_predictions_and_bad_sizes():
-    with pytest.raises(ValueError, match="not both"):
-        plots.image_grid(_images(2), [0, 1], CLASSES, marks=[1, 1], predicted=[0, 1])
+def test_image_grid_rejects_bad_sizes():
     with pytest.raises(ValueError, match="predicted"):
         plots.image_grid(_images(2), [0, 1], CLASSES, predicted=[0])
     with pytest.raises(ValueError, match="per_class"):
@@ -129,38 +129,6 @@ def test_side_by_side_augmentations_two_3x4_grids():
     assert {"original", "ImageDataGenerator", "mdtrain.augment_batch"} <= titles
 
 
-def _slices(fig) -> list[tuple[float, float]]:
-    ax = fig.axes[0]
-    return [(p.get_y(), p.get_width()) for p in ax.patches if isinstance(p, Rectangle)]
-
-
-def test_batch_split_diagram_partial_last_batch():
-    fig = plots.batch_split_diagram(BatchGeometry(31, 16, 4))
-    widths = [w for _, w in _slices(fig)]
-    assert widths == [4, 4, 4, 4, 4, 4, 4, 3]
-    texts = [t.get_text() for t in fig.axes[0].texts]
-    assert "empty" not in " ".join(texts)
-
-
-def test_batch_split_diagram_empty_replica():
-    fig = plots.batch_split_diagram(BatchGeometry(5, 16, 4))
-    assert [w for _, w in _slices(fig)] == [2, 2, 1]
-    assert any("replica 3: empty" in t.get_text() for t in fig.axes[0].texts)
-    legend = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
-    assert legend == [f"replica {r}" for r in range(4)]
-
-
-def test_batch_split_diagram_elides_long_epochs():
-    geometry = BatchGeometry(1500, 64, 4)  # 24 steps, last batch 28 -> [7, 7, 7, 7]
-    fig = plots.batch_split_diagram(geometry, steps=4)
-    slices = _slices(fig)
-    assert len(slices) == 4 * 4  # 3 first steps + the last one
-    assert [w for _, w in slices[-4:]] == [7, 7, 7, 7]
-    assert any("20 more full steps" in t.get_text() for t in fig.axes[0].texts)
-    labels = [t.get_text() for t in fig.axes[0].get_yticklabels()]
-    assert labels == ["step 1", "step 2", "step 3", "", "step 24"]
-
-
 def test_history_curves_train_and_val():
     history = [
         {"loss": 1.0, "accuracy": 0.5, "val_loss": 1.2, "val_accuracy": 0.4},
@@ -186,11 +154,25 @@ def test_accuracy_comparison_one_axis_zero_to_one_with_chance():
     assert ax.get_ylim()[0] == 0 and ax.get_ylim()[1] >= 1
 
 
-def test_confusion_matrix_counts():
-    fig = plots.confusion_matrix_plot([0, 1, 2, 2, 1], [0, 1, 1, 2, 1], CLASSES)
-    matrix = fig.axes[0].images[0].get_array()
-    np.testing.assert_array_equal(matrix, [[1, 0, 0], [0, 2, 0], [0, 1, 1]])
-    assert "80.0%" in fig.axes[0].get_title()
-    assert len(fig.axes) == 2  # matrix and colour bar
-    fig = plots.confusion_matrix_plot([0, 1, 2, 2], [0, 1, 1, 2], CLASSES, normalize=True)
-    np.testing.assert_allclose(fig.axes[0].images[0].get_array()[2], [0, 0.5, 0.5])
+def test_recall_bars_mean_of_runs_with_whiskers():
+    recalls = {"baseline": [0.9, 0.2, 0.5], "weighted": [[0.8, 0.5, 0.6], [0.6, 0.7, 0.4]]}
+    (ax,) = plots.recall_bars(recalls, CLASSES).axes
+    baseline, weighted = [c for c in ax.containers if isinstance(c, BarContainer)]
+    np.testing.assert_allclose([b.get_height() for b in baseline.patches], [0.9, 0.2, 0.5])
+    np.testing.assert_allclose([b.get_height() for b in weighted.patches], [0.7, 0.6, 0.5])
+    assert baseline.errorbar is None  # one run: no whisker
+    (whiskers,) = weighted.errorbar.lines[2]
+    np.testing.assert_allclose([s[:, 1] for s in whiskers.get_segments()],
+                               [[0.6, 0.8], [0.5, 0.7], [0.4, 0.6]])  # fmt: skip
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["baseline", "weighted"]
+
+
+def test_replica_class_counts_plot_stacks_classes_per_replica():
+    counts = np.array(
+        [[[2, 1, 0], [0, 1, 2]], [[1, 1, 1], [3, 0, 0]]]
+    )  # (steps, replicas, classes)
+    fig = plots.replica_class_counts_plot(counts, CLASSES, title="r")
+    assert [ax.get_title() for ax in fig.axes] == ["replica 0", "replica 1"]
+    tops = [[b.get_y() + b.get_height() for b in c.patches] for c in fig.axes[1].containers]
+    assert tops[-1] == [3, 3]  # each bar stacks up to its step's slice size
+    assert [t.get_text() for t in fig.axes[1].get_legend().get_texts()] == CLASSES

@@ -1,4 +1,4 @@
-"""Matplotlib figures for the notebooks: images, class counts, batches, training curves.
+"""Matplotlib figures for the notebooks: images, class counts, training curves.
 
 Every function returns a `matplotlib.figure.Figure` and never calls
 `plt.show()`: a notebook displays the returned figure, a script saves it,
@@ -8,20 +8,18 @@ when committed inside a notebook.
 Images may be uint8 (0-255) or float in [0, 255] or [0, 1]; tensors are
 converted with `numpy.asarray`.
 
-Modules: `images` (image grids, augmentations side by side), `batches`
-(how global batches split across replicas), `training` (learning curves,
-confusion matrix), `imbalance` (classes per split, per replica slice,
-recall per class); `common` holds the figure, image and colour helpers
-they share.
+Modules: `images` (image grids, augmentations side by side), `training`
+(learning curves), `imbalance` (classes per split, per replica slice,
+recall per class); `common` holds the figure, image, bar and colour
+helpers they share.
 """
 
 from __future__ import annotations
 
-from mdtrain.plots.batches import batch_split_diagram
 from mdtrain.plots.common import DPI, RIGHT_COLOR, WRONG_COLOR  # the marks' colours
 from mdtrain.plots.images import augmentation_grid, image_grid, side_by_side_augmentations
 from mdtrain.plots.imbalance import class_counts_bar, recall_bars, replica_class_counts_plot
-from mdtrain.plots.training import accuracy_comparison, confusion_matrix_plot, history_curves
+from mdtrain.plots.training import accuracy_comparison, history_curves
 
 __all__ = [
     "DPI",
@@ -29,9 +27,7 @@ __all__ = [
     "WRONG_COLOR",
     "accuracy_comparison",
     "augmentation_grid",
-    "batch_split_diagram",
     "class_counts_bar",
-    "confusion_matrix_plot",
     "history_curves",
     "image_grid",
     "recall_bars",

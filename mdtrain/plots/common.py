@@ -1,4 +1,4 @@
-"""What every figure shares: a figure pyplot forgets, image cells, grids, colours."""
+"""What every figure shares: a figure pyplot forgets, image cells, grids, grouped bars, colours."""
 
 from __future__ import annotations
 
@@ -38,11 +38,9 @@ def show_image(ax, image, title: str | None = None, color: str | None = None) ->
     ax.set_yticks([])
     if title:
         ax.set_title(title, fontsize=9, color=color or "black")
-    for spine in ax.spines.values():
-        spine.set_visible(color is not None)
-        if color is not None:
-            spine.set_edgecolor(color)
-            spine.set_linewidth(3)
+    ax.spines[:].set_visible(color is not None)
+    if color is not None:
+        ax.spines[:].set(edgecolor=color, linewidth=3)
 
 
 def axes_grid(
@@ -69,8 +67,6 @@ def axes_grid(
     """
     ncols = max(1, min(ncols, n) if rows is None else ncols)
     rows = rows if rows is not None else [min(ncols, n - i) for i in range(0, n, ncols)] or [0]
-    if sum(rows) != n:
-        raise ValueError(f"rows {rows} hold {sum(rows)} cells, not {n}")
     # Constrained layout keeps each cell's title clear of the row above (tight_layout
     # does not once a suptitle is set); 0.25 in per row is the title's line.
     fig = new_figure((cell * ncols + left, (cell + 0.25) * len(rows) + (0.35 if title else 0)))
@@ -90,3 +86,25 @@ def tab10_colors(n: int) -> list:
     """n colours from matplotlib's tab10 cycle: one per replica, or per class."""
     cmap = matplotlib.colormaps["tab10"]
     return [cmap(i % 10) for i in range(n)]
+
+
+def grouped_bars(ax, groups, fmt: str = "%g", fontsize: float = 8, errors=None) -> None:
+    """Bars side by side at each x position, one colour per group, each labelled with its value.
+
+    Args:
+        ax: the axes to draw on.
+        groups: group label -> one height per x position (0, 1, ...). An
+            empty label leaves the group out of the legend.
+        fmt: the bar labels' format. Defaults to `"%g"`.
+        fontsize: the bar labels' size. Defaults to 8.
+        errors: group label -> its whiskers, as `Axes.bar`'s `yerr` takes
+            them. Defaults to None (no whiskers).
+    """
+    width = 0.8 / max(1, len(groups))
+    colors = tab10_colors(len(groups))
+    for i, (label, heights) in enumerate(groups.items()):
+        x = np.arange(len(heights)) + (i - (len(groups) - 1) / 2) * width
+        whiskers = (errors or {}).get(label)
+        bars = ax.bar(x, heights, width, label=label or None, color=colors[i], yerr=whiskers,
+                      error_kw=dict(elinewidth=0.8, capsize=2))  # fmt: skip
+        ax.bar_label(bars, fmt=fmt, fontsize=fontsize, padding=1)

@@ -16,7 +16,6 @@ def image_grid(
     class_names: Sequence[str],
     ncols: int = 6,
     title: str | None = None,
-    marks: Sequence[bool] | None = None,
     predicted: Sequence[int] | None = None,
     per_class: int | None = None,
 ) -> Figure:
@@ -35,10 +34,7 @@ def image_grid(
         class_names: name of each class index.
         ncols: images per row (without `per_class`). Defaults to 6.
         title: figure title. Defaults to None.
-        marks: optional True/False per image (e.g. prediction right or
-            wrong): frames and titles the image green or red. Defaults to None.
-        predicted: optional predicted class index of each image (instead of
-            `marks`). Defaults to None.
+        predicted: optional predicted class index of each image. Defaults to None.
         per_class: images per true class, one row each. Defaults to None
             (the images in their order, `ncols` per row).
 
@@ -46,8 +42,7 @@ def image_grid(
         The figure, one axes per image shown.
 
     Raises:
-        ValueError: if `labels`, `marks` or `predicted` do not match the
-            images, or both `marks` and `predicted` are given.
+        ValueError: if `labels` or `predicted` do not match the images.
 
     Example:
 
@@ -57,13 +52,10 @@ def image_grid(
     """
     images = list(images)
     labels = _indices(labels, len(images), "labels")
-    if marks is not None and predicted is not None:
-        raise ValueError("give marks or predicted, not both: predicted sets the marks")
+    marks = None  # right or wrong, per image
     if predicted is not None:
         predicted = _indices(predicted, len(images), "predicted")
         marks = [p == label for p, label in zip(predicted, labels, strict=True)]
-    elif marks is not None and len(marks) != len(images):
-        raise ValueError(f"{len(images)} images but {len(marks)} marks")
     names = labels if predicted is None else predicted
     if per_class is None:
         order, rows = list(range(len(images))), None

@@ -8,7 +8,7 @@ import matplotlib
 import numpy as np
 from matplotlib.figure import Figure
 
-from mdtrain.plots.common import new_figure, tab10_colors
+from mdtrain.plots.common import grouped_bars, new_figure, tab10_colors
 
 
 def class_counts_bar(counts: Mapping, title: str = "Images per class") -> Figure:
@@ -28,16 +28,12 @@ def class_counts_bar(counts: Mapping, title: str = "Images per class") -> Figure
     class_names: list[str] = []
     for per_class in splits.values():
         class_names += [c for c in per_class if c not in class_names]
-    x = np.arange(len(class_names))
-    width = 0.8 / max(1, len(splits))
     fig = new_figure((max(4.0, 0.9 * len(class_names) + 1.5), 3.0))
     ax = fig.subplots()
-    for i, (split, per_class) in enumerate(splits.items()):
-        values = [per_class.get(c, 0) for c in class_names]
-        offset = (i - (len(splits) - 1) / 2) * width
-        bars = ax.bar(x + offset, values, width, label=split or None)
-        ax.bar_label(bars, fontsize=8, padding=1)
-    ax.set_xticks(x, class_names, rotation=30 if len(class_names) > 6 else 0)
+    grouped_bars(
+        ax, {s: [per_class.get(c, 0) for c in class_names] for s, per_class in splits.items()}
+    )
+    ax.set_xticks(range(len(class_names)), class_names, rotation=30 if len(class_names) > 6 else 0)
     ax.set_ylabel("images")
     ax.set_title(title, fontsize=11)
     ax.margins(y=0.15)
@@ -79,8 +75,7 @@ def replica_class_counts_plot(
         ax.set_title(f"replica {r}", fontsize=10)
         ax.set_xlabel("step")
         ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
-        for side in ("top", "right"):
-            ax.spines[side].set_visible(False)
+        ax.spines[["top", "right"]].set_visible(False)
     axes[0].set_ylabel("examples")
     axes[-1].legend(fontsize=8, loc="center left", bbox_to_anchor=(1.0, 0.5))
     if title:
@@ -108,24 +103,21 @@ def recall_bars(
     Returns:
         The figure.
     """
-    k, n = len(class_names), len(recalls)
-    width = 0.8 / max(n, 1)
-    fig = new_figure((max(6.0, 1.3 * k + 1.5), 3.2))
+    fig = new_figure((max(6.0, 1.3 * len(class_names) + 1.5), 3.2))
     ax = fig.subplots()
-    for i, (name, values) in enumerate(recalls.items()):
+    means, spreads = {}, {}
+    for name, values in recalls.items():
         runs = np.atleast_2d(np.asarray(values, dtype=float))
-        mean = runs.mean(axis=0)
-        spread = [mean - runs.min(axis=0), runs.max(axis=0) - mean] if len(runs) > 1 else None
-        x = np.arange(k) + (i - (n - 1) / 2) * width
-        bars = ax.bar(x, mean, width, label=name, color=tab10_colors(n)[i], yerr=spread,
-                      error_kw=dict(elinewidth=0.8, capsize=2))  # fmt: skip
-        ax.bar_label(bars, fmt="%.2f", fontsize=7, padding=1)
-    ax.set_xticks(np.arange(k), class_names)
+        means[name] = mean = runs.mean(axis=0)
+        if len(runs) > 1:  # whiskers from the lowest run to the highest
+            spreads[name] = [mean - runs.min(axis=0), runs.max(axis=0) - mean]
+    grouped_bars(ax, means, fmt="%.2f", fontsize=7, errors=spreads)
+    ax.set_xticks(range(len(class_names)), class_names)
     ax.set_ylim(0, 1.15)
     ax.set_ylabel("recall")
     ax.set_title(title, fontsize=11)
-    ax.legend(fontsize=8, ncol=n, loc="upper center", bbox_to_anchor=(0.5, -0.12), frameon=False)
-    for side in ("top", "right"):
-        ax.spines[side].set_visible(False)
+    ax.legend(fontsize=8, ncol=len(means), loc="upper center", bbox_to_anchor=(0.5, -0.12),
+              frameon=False)  # fmt: skip
+    ax.spines[["top", "right"]].set_visible(False)
     fig.tight_layout()
     return fig
