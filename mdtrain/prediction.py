@@ -1,7 +1,7 @@
 """`predict(...)`: class probabilities for image files, from a trained run or ImageNet.
 
 What `mdtrain predict` runs. Images are read, decoded and resized by
-`mdtrain.pipeline.load_image`, the function the training pipeline uses, so a
+`mdtrain.images.load_image`, the function the training pipeline uses, so a
 model sees at prediction time exactly what it saw in training. Files that
 cannot be decoded are skipped and reported (with the reason), never fatal.
 
@@ -23,7 +23,7 @@ from pathlib import Path
 
 from mdtrain.data import SkippedFile
 from mdtrain.errors import UsageError, bad_value
-from mdtrain.images import is_image_name
+from mdtrain.images import image_files
 
 #: Models that `model=NAME` can predict with: those with offline ImageNet weights.
 PRETRAINED = ("efficientnet-lite0",)
@@ -79,13 +79,7 @@ def find_image_files(paths: list[str | os.PathLike]) -> list[str]:
         if path.is_file():
             files.append(str(path))
         elif path.is_dir():
-            for dirpath, dirnames, filenames in os.walk(path):
-                dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-                files += [
-                    os.path.join(dirpath, f)
-                    for f in sorted(filenames)
-                    if not f.startswith(".") and is_image_name(f)
-                ]
+            files += image_files(path)
         else:
             raise UsageError(f"{path}: no such file or folder")
     if not files:
