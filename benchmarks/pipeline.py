@@ -21,6 +21,7 @@ Usage, from the repository root (`benchmarks/run.sh` writes the committed
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import statistics
@@ -28,19 +29,10 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from _common import (
-    Variant,
-    bench_data,
-    check_positive,
-    machine_info,
-    measure,
-    run_main,
-    take_batches,
-    whole_epochs,
-    write_result,
-)
+from _common import bench_data, check_positive, machine_info, run_main, write_result
 
 from mdtrain.errors import UsageError
+from mdtrain.timing import time_epochs
 
 if TYPE_CHECKING:  # TensorFlow is imported where it is used: `--help` stays light
     import keras
@@ -244,19 +236,23 @@ def image_data_generator(
     )
 
 
-def _input_data_variant(splits, image_size, batch_size, steps, cache: str, **kw) -> Variant:
+def _input_data(splits, image_size, batch_size, cache: str, **kw):
+    """An `InputData` pipeline to time and its warm-up, for `time_epochs`.
+
+    The pipeline makes epoch 1 afresh for every timing, as training gets it
+    (`train_epochs`: prefetched, with the pipeline's options). Streaming, it
+    warms up on an epoch like the timed ones (True); cached, on epoch 0,
+    which fills the cache the timed epochs read.
+    """
     from mdtrain.pipeline import InputData
 
     data = InputData(splits, image_size, batch_size, cache=cache, **kw)
-    # As training gets them: train_epochs (prefetched, with the pipeline's options).
-    if cache == "none":
-        return whole_epochs(lambda: iter(data.train_epochs(1, 2)), steps)
-    # Epoch 0 fills the cache (untimed); every timing is epoch 1, read from it.
-    return Variant(lambda: iter(data.train_epochs(1, 2)), steps,
-                   prime=lambda: take_batches(iter(data.train_epochs(0, 1)), steps))  # fmt: skip
+    warmup = True if cache == "none" else data.train_epochs(0, 1)
+    return (lambda: data.train_epochs(1, 2)), warmup
 
 
 def _pipeline_variants(data_dir: Path, image_size: int, batch_size: int):
+    """The pipelines to time, their warm-ups (`time_epochs`), batches per epoch, images."""
     import tensorflow as tf
 
     from mdtrain.data import load_splits, resolve_layout, tf_paths
@@ -271,39 +267,46 @@ def _pipeline_variants(data_dir: Path, image_size: int, batch_size: int):
     steps = -(-len(files) // batch_size)
     policy = bench_policy()
     idg = image_data_generator(train_dir, image_size, batch_size, policy)
+    idg_batches = min(len(idg), IDG_BATCHES)
+
+    def idg_epoch():
+        # Endless: one batch pulled untimed (a pipeline's maker runs before the clock starts),
+        # then the timed ones. No other warm-up: it has no buffer to fill, nothing to compile.
+        next(idg)
+        return itertools.islice(idg, idg_batches)
 
     def raw():
         ds = tf.data.Dataset.from_tensor_slices(tf_paths(files))
         ds = ds.map(lambda p: load_image(p, image_size), num_parallel_calls=AUTOTUNE,
                     deterministic=False)  # fmt: skip
-        return iter(ds.batch(batch_size).prefetch(AUTOTUNE))
+        return ds.batch(batch_size).prefetch(AUTOTUNE)
 
     def keras(policy=None, fused=False):
-        return lambda: iter(keras_directory(train_dir, image_size, batch_size, policy, fused=fused))
+        return lambda: keras_directory(train_dir, image_size, batch_size, policy, fused=fused)
 
-    cached_keras = keras_directory(train_dir, image_size, batch_size, policy)
-
-    args = (splits, image_size, batch_size, steps)
-    variants = {
-        "imagedatagenerator": Variant(lambda: idg, min(len(idg), IDG_BATCHES), warmup=1),
-        "keras_directory_layers": whole_epochs(keras(policy), steps),
-        "keras_directory": whole_epochs(keras(), steps),
-        "keras_directory_fused": whole_epochs(keras(policy, fused=True), steps),
-        "keras_directory_layers_cached": whole_epochs(lambda: iter(cached_keras), steps),
-        "tfdata": _input_data_variant(*args, "none", augment=policy),
-        "tfdata_nearest": _input_data_variant(
-            *args, "none", augment=bench_policy(interpolation="nearest")
-        ),
+    args = (splits, image_size, batch_size)
+    input_data = {
+        "tfdata": _input_data(*args, "none", augment=policy),
+        "tfdata_nearest": _input_data(*args, "none", augment=bench_policy(interpolation="nearest")),
         # --augment-in model: the pipeline only draws the transforms; the step applies them.
-        "tfdata_augment_in_model": _input_data_variant(
-            *args, "none", augment=policy, augment_in="model"
-        ),
-        "tfdata_noaug": _input_data_variant(*args, "none", augment=None),
-        "raw_decode": whole_epochs(raw, steps),
-        "tfdata_cached_augment": _input_data_variant(*args, "memory", augment=policy),
-        "tfdata_cached": _input_data_variant(*args, "memory", augment=None),
+        "tfdata_augment_in_model": _input_data(*args, "none", augment=policy, augment_in="model"),
+        "tfdata_noaug": _input_data(*args, "none", augment=None),
+        "raw_decode": (raw, True),
+        "tfdata_cached_augment": _input_data(*args, "memory", augment=policy),
+        "tfdata_cached": _input_data(*args, "memory", augment=None),
     }
-    return variants, len(files)
+    pipelines = {
+        "imagedatagenerator": idg_epoch,
+        # Each timing makes the recipe afresh: its first epoch, cache fill included.
+        "keras_directory_layers": keras(policy),
+        "keras_directory": keras(),
+        "keras_directory_fused": keras(policy, fused=True),
+        # One recipe, timed again and again: the warm-up epoch fills its cache.
+        "keras_directory_layers_cached": keras_directory(train_dir, image_size, batch_size, policy),
+        **{name: pipeline for name, (pipeline, _) in input_data.items()},
+    }
+    warmups = {"imagedatagenerator": None, **{name: w for name, (_, w) in input_data.items()}}
+    return pipelines, warmups, steps, len(files)
 
 
 def _ratios(measured: dict) -> dict[str, dict]:
@@ -358,10 +361,10 @@ def pipeline_benchmark(
     """
     check_positive(image_size=image_size, batch_size=batch_size, repeats=repeats)
     data_dir = bench_data(data)
-    variants, num_images = _pipeline_variants(data_dir, image_size, batch_size)
+    pipelines, warmups, steps, num_images = _pipeline_variants(data_dir, image_size, batch_size)
     start = time.perf_counter()
     load_before = machine_info()["load_average_1_5_15min"]
-    measured = measure(variants, repeats)
+    measured = time_epochs(pipelines, repeats, batches=steps, warmup=warmups)
     machine = machine_info()
     result = {
         **_pipeline_rates(measured, machine["cpu_count"]),
