@@ -6,10 +6,10 @@ legacy `ImageDataGenerator` and mdtrain's `InputData`, in one process, on
 the same files with the page cache warm, same output size and batch size.
 Every variant is timed over whole epochs, each from a fresh pipeline, so a
 shuffle buffer or a cache that must fill before the first batch is part of
-the time, as it is in training. One untimed epoch first compiles, fills
-caches and warms the page cache; the repeats are interleaved (so a change in
-machine load hits every variant alike), median and spread kept, and the
-ratios taken repeat by repeat.
+the time, as it is in training. One untimed epoch right before a variant's
+first timing compiles, fills caches and warms the page cache; the repeats are
+interleaved (so a change in machine load hits every variant alike), median and
+spread kept (`mdtrain.time_epochs`), and the ratios taken repeat by repeat.
 
 Usage, from the repository root (`benchmarks/run.sh` writes the committed
 `benchmarks/pipeline.json` and `pipeline.png` this way):

@@ -5,7 +5,10 @@ from __future__ import annotations
 import gc
 import statistics
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
+
+#: What `time_epochs` times: an iterable that `iter()` restarts, or a function making one.
+Pipeline = Iterable | Callable[[], Iterable]
 
 
 def _count_images(batch) -> int:
@@ -13,16 +16,9 @@ def _count_images(batch) -> int:
     return len(batch[0] if isinstance(batch, (tuple, list)) else batch)
 
 
-def _fresh(pipeline: Iterable | Callable[[], Iterable]) -> Iterator:
-    """A new iterator: the iterable restarted, or the iterable a function makes."""
-    return iter(pipeline if isinstance(pipeline, Iterable) else pipeline())
-
-
-def _time_epoch(
-    pipeline: Iterable | Callable[[], Iterable], batches: int | None, step: Callable | None
-) -> float:
+def _time_epoch(pipeline: Pipeline, batches: int | None, step: Callable | None) -> float:
     """Images per second of one pass over a fresh iterator (making it is not timed)."""
-    iterator = _fresh(pipeline)
+    iterator = iter(pipeline if isinstance(pipeline, Iterable) else pipeline())
     begin, images = time.perf_counter(), 0
     for i, batch in enumerate(iterator):
         images += _count_images(batch)
@@ -40,7 +36,7 @@ def _time_epoch(
 
 
 def _warm_up(
-    pipeline: Iterable | Callable[[], Iterable],
+    pipeline: Pipeline,
     warmup: bool | Iterable | Callable[[], object] | None,
     batches: int | None,
     step: Callable | None,
@@ -55,7 +51,7 @@ def _warm_up(
 
 
 def time_epochs(
-    pipelines: Mapping[str, Iterable | Callable[[], Iterable]],
+    pipelines: Mapping[str, Pipeline],
     repeats: int = 3,
     batches: int | None = None,
     warmup: bool | Mapping[str, Iterable | Callable[[], object] | None] = True,
