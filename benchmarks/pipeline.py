@@ -39,6 +39,7 @@ if TYPE_CHECKING:  # TensorFlow is imported where it is used: `--help` stays lig
     import tensorflow as tf
 
     from mdtrain.augment import AugmentPolicy
+    from mdtrain.pipeline import InputData
 
 #: The augmentation of every augmented variant: ImageDataGenerator's flip, rotation ±20°,
 #: zoom ±15% and brightness_range (0.8, 1.2), plus contrast ±20% (Keras' RandomContrast;
@@ -236,19 +237,12 @@ def image_data_generator(
     )
 
 
-def _input_data(splits, image_size, batch_size, cache: str, **kw):
-    """An `InputData` pipeline to time and its warm-up, for `time_epochs`.
+def _epoch_1(data: InputData):
+    """Epoch 1 of `data`, made afresh for every timing, as training gets it.
 
-    The pipeline makes epoch 1 afresh for every timing, as training gets it
-    (`train_epochs`: prefetched, with the pipeline's options). Streaming, it
-    warms up on an epoch like the timed ones (True); cached, on epoch 0,
-    which fills the cache the timed epochs read.
+    `train_epochs`: prefetched, with the pipeline's options.
     """
-    from mdtrain.pipeline import InputData
-
-    data = InputData(splits, image_size, batch_size, cache=cache, **kw)
-    warmup = True if cache == "none" else data.train_epochs(0, 1)
-    return (lambda: data.train_epochs(1, 2)), warmup
+    return lambda: data.train_epochs(1, 2)
 
 
 def _pipeline_variants(data_dir: Path, image_size: int, batch_size: int):
@@ -256,7 +250,7 @@ def _pipeline_variants(data_dir: Path, image_size: int, batch_size: int):
     import tensorflow as tf
 
     from mdtrain.data import load_splits, resolve_layout, tf_paths
-    from mdtrain.pipeline import AUTOTUNE, load_image
+    from mdtrain.pipeline import AUTOTUNE, InputData, load_image
 
     splits = load_splits(data_dir)  # checks every file once: warms the page cache too
     if splits.skipped:
@@ -284,17 +278,11 @@ def _pipeline_variants(data_dir: Path, image_size: int, batch_size: int):
     def keras(policy=None, fused=False):
         return lambda: keras_directory(train_dir, image_size, batch_size, policy, fused=fused)
 
-    args = (splits, image_size, batch_size)
-    input_data = {
-        "tfdata": _input_data(*args, "none", augment=policy),
-        "tfdata_nearest": _input_data(*args, "none", augment=bench_policy(interpolation="nearest")),
-        # --augment-in model: the pipeline only draws the transforms; the step applies them.
-        "tfdata_augment_in_model": _input_data(*args, "none", augment=policy, augment_in="model"),
-        "tfdata_noaug": _input_data(*args, "none", augment=None),
-        "raw_decode": (raw, True),
-        "tfdata_cached_augment": _input_data(*args, "memory", augment=policy),
-        "tfdata_cached": _input_data(*args, "memory", augment=None),
-    }
+    def input_data(cache="none", **kw):
+        return InputData(splits, image_size, batch_size, cache=cache, **kw)
+
+    cached_augment = input_data("memory", augment=policy)
+    cached = input_data("memory", augment=None)
     pipelines = {
         "imagedatagenerator": idg_epoch,
         # Each timing makes the recipe afresh: its first epoch, cache fill included.
@@ -303,9 +291,22 @@ def _pipeline_variants(data_dir: Path, image_size: int, batch_size: int):
         "keras_directory_fused": keras(policy, fused=True),
         # One recipe, timed again and again: the warm-up epoch fills its cache.
         "keras_directory_layers_cached": keras_directory(train_dir, image_size, batch_size, policy),
-        **{name: pipeline for name, (pipeline, _) in input_data.items()},
+        "tfdata": _epoch_1(input_data(augment=policy)),
+        "tfdata_nearest": _epoch_1(input_data(augment=bench_policy(interpolation="nearest"))),
+        # --augment-in model: the pipeline only draws the transforms; the step applies them.
+        "tfdata_augment_in_model": _epoch_1(input_data(augment=policy, augment_in="model")),
+        "tfdata_noaug": _epoch_1(input_data(augment=None)),
+        "raw_decode": raw,
+        "tfdata_cached_augment": _epoch_1(cached_augment),
+        "tfdata_cached": _epoch_1(cached),
     }
-    warmups = {"imagedatagenerator": None, **{name: w for name, (_, w) in input_data.items()}}
+    # The others warm up on an epoch like their timed ones; a cached InputData on epoch 0,
+    # which fills the cache its timed epochs read.
+    warmups = {
+        "imagedatagenerator": None,
+        "tfdata_cached_augment": cached_augment.train_epochs(0, 1),
+        "tfdata_cached": cached.train_epochs(0, 1),
+    }
     return pipelines, warmups, steps, len(files)
 
 

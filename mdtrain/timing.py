@@ -111,8 +111,9 @@ def time_epochs(
     """
     if repeats < 1 or (batches is not None and batches < 1):
         raise ValueError(f"repeats={repeats}, batches={batches}: must be positive")
-    own = {name: True for name in pipelines}
-    warmups = {name: warmup for name in pipelines} if isinstance(warmup, bool) else own | warmup
+    warmups = dict.fromkeys(pipelines, warmup if isinstance(warmup, bool) else True)
+    if not isinstance(warmup, bool):
+        warmups.update(warmup)
     if unknown := sorted(set(warmups) - set(pipelines)):
         raise ValueError(f"warmup names no pipeline: {', '.join(unknown)}")
     rates: dict[str, list[float]] = {name: [] for name in pipelines}
