@@ -7,6 +7,7 @@ there as `python benchmarks/pipeline.py` would see them.
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import json
 import shutil
 import subprocess
@@ -59,6 +60,25 @@ def test_pipeline_benchmark_writes_what_the_readme_quotes(data, tmp_path):
     assert written["images_per_epoch"] == 50
     assert written["augment"] == json.loads(json.dumps(pipeline.BENCH_AUGMENT))
     assert (tmp_path / "pipeline.png").stat().st_size > 0
+
+
+def test_every_timing_counts_one_epoch_of_images(data, monkeypatch):
+    import mdtrain.timing
+
+    class Clock:  # one tick per reading: a timing's rate is the images it counted
+        ticks = itertools.count()
+
+        @classmethod
+        def perf_counter(cls):
+            return float(next(cls.ticks))
+
+    monkeypatch.setattr(mdtrain.timing, "time", Clock)
+    pipelines, warmups, steps, images = pipeline._pipeline_variants(data, 32, 16)
+    counted = mdtrain.timing.time_epochs(pipelines, 2, batches=steps, warmup=warmups)
+    # The generator too: any 4 batches in a row of its endless stream hold the 50 images.
+    assert {name: c["runs"] for name, c in counted.items()} == {
+        name: [images, images] for name in pipeline.PIPELINE_KEYS
+    }
 
 
 class _Generator:
