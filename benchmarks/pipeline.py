@@ -6,10 +6,10 @@ legacy `ImageDataGenerator` and mdtrain's `InputData`, in one process, on
 the same files with the page cache warm, same output size and batch size.
 Every variant is timed over whole epochs, each from a fresh pipeline, so a
 shuffle buffer or a cache that must fill before the first batch is part of
-the time, as it is in training. One untimed epoch first compiles, fills
-caches and warms the page cache; the repeats are interleaved (so a change in
-machine load hits every variant alike), median and spread kept, and the
-ratios taken repeat by repeat.
+the time, as it is in training. One untimed epoch right before a variant's
+first timing compiles, fills caches and warms the page cache; the repeats are
+interleaved (so a change in machine load hits every variant alike), median and
+spread kept (`mdtrain.time_epochs`), and the ratios taken repeat by repeat.
 
 Usage, from the repository root (`benchmarks/run.sh` writes the committed
 `benchmarks/pipeline.json` and `pipeline.png` this way):
@@ -21,6 +21,7 @@ Usage, from the repository root (`benchmarks/run.sh` writes the committed
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import statistics
@@ -28,25 +29,17 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from _common import (
-    Variant,
-    bench_data,
-    check_positive,
-    machine_info,
-    measure,
-    run_main,
-    take_batches,
-    whole_epochs,
-    write_result,
-)
+from _common import bench_data, check_positive, machine_info, run_main, write_result
 
 from mdtrain.errors import UsageError
+from mdtrain.timing import time_epochs
 
 if TYPE_CHECKING:  # TensorFlow is imported where it is used: `--help` stays light
     import keras
     import tensorflow as tf
 
     from mdtrain.augment import AugmentPolicy
+    from mdtrain.pipeline import InputData
 
 #: The augmentation of every augmented variant: ImageDataGenerator's flip, rotation ±20°,
 #: zoom ±15% and brightness_range (0.8, 1.2), plus contrast ±20% (Keras' RandomContrast;
@@ -244,23 +237,20 @@ def image_data_generator(
     )
 
 
-def _input_data_variant(splits, image_size, batch_size, steps, cache: str, **kw) -> Variant:
-    from mdtrain.pipeline import InputData
+def _epoch_1(data: InputData):
+    """Epoch 1 of `data`, made afresh for every timing, as training gets it.
 
-    data = InputData(splits, image_size, batch_size, cache=cache, **kw)
-    # As training gets them: train_epochs (prefetched, with the pipeline's options).
-    if cache == "none":
-        return whole_epochs(lambda: iter(data.train_epochs(1, 2)), steps)
-    # Epoch 0 fills the cache (untimed); every timing is epoch 1, read from it.
-    return Variant(lambda: iter(data.train_epochs(1, 2)), steps,
-                   prime=lambda: take_batches(iter(data.train_epochs(0, 1)), steps))  # fmt: skip
+    `train_epochs`: prefetched, with the pipeline's options.
+    """
+    return lambda: data.train_epochs(1, 2)
 
 
 def _pipeline_variants(data_dir: Path, image_size: int, batch_size: int):
+    """The pipelines to time, their warm-ups (`time_epochs`), batches per epoch, images."""
     import tensorflow as tf
 
     from mdtrain.data import load_splits, resolve_layout, tf_paths
-    from mdtrain.pipeline import AUTOTUNE, load_image
+    from mdtrain.pipeline import AUTOTUNE, InputData, load_image
 
     splits = load_splits(data_dir)  # checks every file once: warms the page cache too
     if splits.skipped:
@@ -271,39 +261,53 @@ def _pipeline_variants(data_dir: Path, image_size: int, batch_size: int):
     steps = -(-len(files) // batch_size)
     policy = bench_policy()
     idg = image_data_generator(train_dir, image_size, batch_size, policy)
+    idg_batches = min(len(idg), IDG_BATCHES)
+
+    def idg_epoch():
+        # Endless: one batch pulled untimed (a pipeline's maker runs before the clock starts),
+        # then the timed ones. No other warm-up: it has no buffer to fill, nothing to compile.
+        next(idg)
+        return itertools.islice(idg, idg_batches)
 
     def raw():
         ds = tf.data.Dataset.from_tensor_slices(tf_paths(files))
         ds = ds.map(lambda p: load_image(p, image_size), num_parallel_calls=AUTOTUNE,
                     deterministic=False)  # fmt: skip
-        return iter(ds.batch(batch_size).prefetch(AUTOTUNE))
+        return ds.batch(batch_size).prefetch(AUTOTUNE)
 
     def keras(policy=None, fused=False):
-        return lambda: iter(keras_directory(train_dir, image_size, batch_size, policy, fused=fused))
+        return lambda: keras_directory(train_dir, image_size, batch_size, policy, fused=fused)
 
-    cached_keras = keras_directory(train_dir, image_size, batch_size, policy)
+    def input_data(cache="none", **kw):
+        return InputData(splits, image_size, batch_size, cache=cache, **kw)
 
-    args = (splits, image_size, batch_size, steps)
-    variants = {
-        "imagedatagenerator": Variant(lambda: idg, min(len(idg), IDG_BATCHES), warmup=1),
-        "keras_directory_layers": whole_epochs(keras(policy), steps),
-        "keras_directory": whole_epochs(keras(), steps),
-        "keras_directory_fused": whole_epochs(keras(policy, fused=True), steps),
-        "keras_directory_layers_cached": whole_epochs(lambda: iter(cached_keras), steps),
-        "tfdata": _input_data_variant(*args, "none", augment=policy),
-        "tfdata_nearest": _input_data_variant(
-            *args, "none", augment=bench_policy(interpolation="nearest")
-        ),
+    cached_augment = input_data("memory", augment=policy)
+    cached = input_data("memory", augment=None)
+    pipelines = {
+        "imagedatagenerator": idg_epoch,
+        # Each timing makes the recipe afresh: its first epoch, cache fill included.
+        "keras_directory_layers": keras(policy),
+        "keras_directory": keras(),
+        "keras_directory_fused": keras(policy, fused=True),
+        # One recipe, timed again and again: the warm-up epoch fills its cache.
+        "keras_directory_layers_cached": keras_directory(train_dir, image_size, batch_size, policy),
+        "tfdata": _epoch_1(input_data(augment=policy)),
+        "tfdata_nearest": _epoch_1(input_data(augment=bench_policy(interpolation="nearest"))),
         # --augment-in model: the pipeline only draws the transforms; the step applies them.
-        "tfdata_augment_in_model": _input_data_variant(
-            *args, "none", augment=policy, augment_in="model"
-        ),
-        "tfdata_noaug": _input_data_variant(*args, "none", augment=None),
-        "raw_decode": whole_epochs(raw, steps),
-        "tfdata_cached_augment": _input_data_variant(*args, "memory", augment=policy),
-        "tfdata_cached": _input_data_variant(*args, "memory", augment=None),
+        "tfdata_augment_in_model": _epoch_1(input_data(augment=policy, augment_in="model")),
+        "tfdata_noaug": _epoch_1(input_data(augment=None)),
+        "raw_decode": raw,
+        "tfdata_cached_augment": _epoch_1(cached_augment),
+        "tfdata_cached": _epoch_1(cached),
     }
-    return variants, len(files)
+    # The others warm up on an epoch like their timed ones; a cached InputData on epoch 0,
+    # which fills the cache its timed epochs read.
+    warmups = {
+        "imagedatagenerator": None,
+        "tfdata_cached_augment": cached_augment.train_epochs(0, 1),
+        "tfdata_cached": cached.train_epochs(0, 1),
+    }
+    return pipelines, warmups, steps, len(files)
 
 
 def _ratios(measured: dict) -> dict[str, dict]:
@@ -358,10 +362,10 @@ def pipeline_benchmark(
     """
     check_positive(image_size=image_size, batch_size=batch_size, repeats=repeats)
     data_dir = bench_data(data)
-    variants, num_images = _pipeline_variants(data_dir, image_size, batch_size)
+    pipelines, warmups, steps, num_images = _pipeline_variants(data_dir, image_size, batch_size)
     start = time.perf_counter()
     load_before = machine_info()["load_average_1_5_15min"]
-    measured = measure(variants, repeats)
+    measured = time_epochs(pipelines, repeats, batches=steps, warmup=warmups)
     machine = machine_info()
     result = {
         **_pipeline_rates(measured, machine["cpu_count"]),

@@ -7,15 +7,18 @@ import statistics
 import time
 from collections.abc import Callable, Iterable, Mapping
 
+#: What `time_epochs` times: an iterable that `iter()` restarts, or a function making one.
+Pipeline = Iterable | Callable[[], Iterable]
+
 
 def _count_images(batch) -> int:
-    """Images in a batch: `(images, labels)` tuples or bare image batches."""
+    """Images in a batch: `(images, labels, ...)` tuples or bare image batches."""
     return len(batch[0] if isinstance(batch, (tuple, list)) else batch)
 
 
-def _time_epoch(pipeline: Iterable, batches: int | None, step: Callable | None) -> float:
-    """Images per second of one pass over `pipeline` from a fresh iterator."""
-    iterator = iter(pipeline)
+def _time_epoch(pipeline: Pipeline, batches: int | None, step: Callable | None) -> float:
+    """Images per second of one pass over a fresh iterator (making it is not timed)."""
+    iterator = iter(pipeline if isinstance(pipeline, Iterable) else pipeline())
     begin, images = time.perf_counter(), 0
     for i, batch in enumerate(iterator):
         images += _count_images(batch)
@@ -32,58 +35,92 @@ def _time_epoch(pipeline: Iterable, batches: int | None, step: Callable | None) 
     return images / seconds
 
 
+def _warm_up(
+    pipeline: Pipeline,
+    warmup: bool | Iterable | Callable[[], object] | None,
+    batches: int | None,
+    step: Callable | None,
+) -> None:
+    """Runs a pipeline's warm-up: its own epoch (True), another iterable's, or a function."""
+    if warmup is True:
+        _time_epoch(pipeline, batches, step)
+    elif isinstance(warmup, Iterable):
+        _time_epoch(warmup, batches, step)
+    elif callable(warmup):
+        warmup()
+
+
 def time_epochs(
-    pipelines: Mapping[str, Iterable],
+    pipelines: Mapping[str, Pipeline],
     repeats: int = 3,
     batches: int | None = None,
-    warmup: bool = True,
+    warmup: bool | Mapping[str, Iterable | Callable[[], object] | None] = True,
     step: Callable[[object], object] | None = None,
 ) -> dict[str, dict]:
     """Images per second of input pipelines over whole epochs, repeats interleaved.
 
-    Every timing starts a fresh iterator (`iter(pipeline)`) and pulls an
-    epoch, so a shuffle buffer or a cache that must fill before the first
-    batch counts, as it does in training. One untimed epoch per pipeline
-    comes first (tracing, compiling, filling a cache, warming the page
-    cache). The repeats are interleaved (every pipeline once, then again), so
-    a change in the machine's load hits every pipeline alike, and ratios are
-    best taken repeat by repeat from `runs`.
+    Every timing starts a fresh iterator and pulls an epoch, so a shuffle
+    buffer or a cache that must fill before the first batch counts, as it
+    does in training. A pipeline given as a function is called for every
+    timing: each then times a new pipeline's first epoch (a `.cache()` that
+    fills again); the call, like `iter()`, happens before the clock starts.
+    Each pipeline warms up, untimed, right before its first timing (tracing,
+    compiling, filling a cache, warming the page cache), so what the warm-up
+    filled is fresh when timed. The repeats are interleaved (every pipeline
+    once, then again), so a change in the machine's load hits every pipeline
+    alike, and ratios are best taken repeat by repeat from `runs`.
 
     Args:
-        pipelines: `{name: iterable of batches}`: a `tf.data.Dataset`, a Keras
-            `DirectoryIterator`, or anything `iter()` restarts. A batch is an
-            `(images, labels)` tuple or an image batch.
+        pipelines: `{name: pipeline}`, where a pipeline is an iterable of
+            batches that `iter()` restarts (a `tf.data.Dataset`, a Keras
+            `DirectoryIterator`, a list), or a function of no arguments that
+            makes one. A batch is an `(images, labels, ...)` tuple or an
+            image batch.
         repeats: timed epochs per pipeline. Defaults to 3.
-        batches: at most this many batches per epoch; needed for endless
-            iterators such as `ImageDataGenerator().flow_from_directory(...)`
-            (pass `len(iterator)`). Defaults to None (until the pipeline ends).
-        warmup: run a first, untimed epoch of every pipeline. Defaults to True.
+        batches: at most this many batches per epoch, warm-ups included;
+            needed for endless iterators such as
+            `ImageDataGenerator().flow_from_directory(...)` (pass
+            `len(iterator)`). Defaults to None (until the pipeline ends).
+        warmup: True: one epoch of each pipeline; False: none. A mapping
+            gives some pipelines their own warm-up: an iterable to pull one
+            epoch of instead (say, epoch 0 of an `InputData` whose memory
+            cache the timed epoch 1 reads), a function to call, or None for
+            none; the pipelines it does not name warm up on an epoch of
+            their own. Defaults to True.
         step: called on every batch, timed with it, as a training step would
-            be: with one, the rate shows how much of the input work hides
-            behind the step (what `prefetch` is for). Defaults to None (the
-            batches are only pulled).
+            be (warm-ups included): with one, the rate shows how much of the
+            input work hides behind the step (what `prefetch` is for).
+            Defaults to None (the batches are only pulled).
 
     Returns:
         `{name: {"median", "min", "max", "runs"}}` in images per second, in
         the order of `pipelines`; `runs` lists every repeat in order.
 
     Raises:
-        ValueError: if `repeats` or `batches` is not positive, or a pipeline
-            gives no batches.
+        ValueError: if `repeats` or `batches` is not positive, `warmup` names
+            a pipeline not in `pipelines`, or a pipeline gives no batches.
 
     Example:
 
-    >>> ds = tf.data.Dataset.range(64).batch(8)  # doctest: +SKIP
-    >>> time_epochs({"range": ds}, repeats=3)["range"]["median"]  # doctest: +SKIP
+    >>> data = mdtrain.InputData(splits, 160, 32, cache="memory")  # doctest: +SKIP
+    >>> rates = time_epochs(
+    ...     {"fresh": lambda: data.train_epochs(1, 2)},  # a new pipeline per timing
+    ...     warmup={"fresh": data.train_epochs(0, 1)},  # epoch 0 fills the cache
+    ... )  # doctest: +SKIP
+    >>> rates["fresh"]["median"], rates["fresh"]["runs"]  # doctest: +SKIP
     """
     if repeats < 1 or (batches is not None and batches < 1):
         raise ValueError(f"repeats={repeats}, batches={batches}: must be positive")
-    if warmup:
-        for pipeline in pipelines.values():
-            _time_epoch(pipeline, batches, step)
+    warmups = dict.fromkeys(pipelines, warmup if isinstance(warmup, bool) else True)
+    if not isinstance(warmup, bool):
+        warmups.update(warmup)
+    if unknown := sorted(set(warmups) - set(pipelines)):
+        raise ValueError(f"warmup names no pipeline: {', '.join(unknown)}")
     rates: dict[str, list[float]] = {name: [] for name in pipelines}
     for _ in range(repeats):
         for name, pipeline in pipelines.items():
+            if not rates[name]:
+                _warm_up(pipeline, warmups[name], batches, step)
             rates[name].append(_time_epoch(pipeline, batches, step))
     return {
         name: {

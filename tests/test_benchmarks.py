@@ -7,6 +7,7 @@ there as `python benchmarks/pipeline.py` would see them.
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import json
 import shutil
 import subprocess
@@ -61,18 +62,56 @@ def test_pipeline_benchmark_writes_what_the_readme_quotes(data, tmp_path):
     assert (tmp_path / "pipeline.png").stat().st_size > 0
 
 
-def test_whole_epoch_timing_starts_fresh_and_primes_once():
-    calls = {"start": 0, "prime": 0}
+def test_every_timing_counts_one_epoch_of_images(data, monkeypatch):
+    import mdtrain.timing
 
-    def start():
-        calls["start"] += 1
-        return iter([(np.zeros(4), np.zeros(4))] * 3)  # one epoch: 3 batches of 4
+    class Clock:  # one tick per reading: a timing's rate is the images it counted
+        ticks = itertools.count()
 
-    variant = _common.Variant(start, batches=3, prime=lambda: calls.__setitem__("prime", 1))
-    measured = _common.measure({"v": variant}, repeats=3)["v"]
-    assert calls == {"start": 3, "prime": 1} and len(measured["runs"]) == 3
-    with pytest.raises(StopIteration):  # a timing cannot take more than one epoch
-        _common.Variant(start, batches=4).time_one()
+        @classmethod
+        def perf_counter(cls):
+            return float(next(cls.ticks))
+
+    monkeypatch.setattr(mdtrain.timing, "time", Clock)
+    pipelines, warmups, steps, images = pipeline._pipeline_variants(data, 32, 16)
+    counted = mdtrain.timing.time_epochs(pipelines, 2, batches=steps, warmup=warmups)
+    # The generator too: any 4 batches in a row of its endless stream hold the 50 images.
+    assert {name: c["runs"] for name, c in counted.items()} == {
+        name: [images, images] for name in pipeline.PIPELINE_KEYS
+    }
+
+
+class _Generator:
+    """An endless iterator like `flow_from_directory`'s, counting the batches pulled."""
+
+    def __init__(self, *args, **kwargs):
+        self.pulled = 0
+
+    def __len__(self):
+        return 4
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        self.pulled += 1
+        return np.zeros((16, 32, 32, 3)), np.zeros(16)
+
+
+def test_the_generator_is_timed_after_one_untimed_batch_and_the_caches_fill_from_epoch_0(
+    data, monkeypatch
+):
+    generator = _Generator()
+    monkeypatch.setattr(pipeline, "image_data_generator", lambda *args: generator)
+    monkeypatch.setattr(pipeline, "IDG_BATCHES", 2)
+    pipelines, warmups, steps, images = pipeline._pipeline_variants(data, 32, 16)
+    assert set(pipelines) == set(pipeline.PIPELINE_KEYS) and (steps, images) == (4, 50)
+    epoch = pipelines["imagedatagenerator"]()  # made before the clock starts: one batch pulled
+    assert generator.pulled == 1 and len(list(epoch)) == 2  # then IDG_BATCHES are timed
+    assert warmups["imagedatagenerator"] is None  # and it has no other warm-up
+    for name in ("tfdata_cached", "tfdata_cached_augment"):  # epoch 0 fills the cache
+        assert len(list(warmups[name])) == steps
+    assert set(warmups) < set(pipelines)  # the others warm up on an epoch of their own
 
 
 def test_keras_recipe_is_image_dataset_from_directory_and_stops_on_a_bad_file(data, tmp_path):
