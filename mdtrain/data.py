@@ -265,11 +265,13 @@ def _scan(files: list[str]) -> dict[str, str | None]:
     """`{path: None if it decodes, else the reason}`, decoding in parallel."""
     if not files:
         return {}
+    from mdtrain.tf_import import LIBJPEG_NOISE, import_tensorflow, stderr_without
+
+    import_tensorflow()  # without its start-up lines: `mdtrain data check` prints only ours
     import tensorflow as tf
 
     from mdtrain.compat import without_autotuning
     from mdtrain.images import load_image
-    from mdtrain.tf_import import LIBJPEG_NOISE, stderr_without
 
     ds = tf.data.Dataset.from_tensor_slices((tf.range(len(files)), tf_paths(files)))
     # Size 1: JPEGs of 8 px and more decode at 1/8 scale; the resize costs nothing.
