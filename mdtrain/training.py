@@ -234,6 +234,11 @@ class _Run:
             print(f"worker {task_id(self.strategy)}: {self.geometry.describe()}", flush=True)
         self.loop = self._choose_loop()
         self.ps_log = None  # filled by parameter-server training's loop
+        self.ps_cluster = None  # `num_workers` and `num_ps` under parameter servers
+        if self.loop == "ps":
+            from mdtrain.ps.loop import cluster_size
+
+            self.ps_cluster = cluster_size()
         self._describe()
         self.trainer = self._build_trainer()
 
@@ -271,9 +276,7 @@ class _Run:
         self._say(f"strategy {type(self.strategy).__name__} with {self.replicas} replica(s): "
                   f"{self.geometry.describe()}")  # fmt: skip
         if self.loop == "ps":
-            from mdtrain.ps.loop import cluster_size
-
-            size, steps = cluster_size(), self.config.epochs * self.inputs.steps_per_epoch
+            size, steps = self.ps_cluster, self.config.epochs * self.inputs.steps_per_epoch
             self._say(f"parameter-server training: {size['num_workers']} worker(s), "
                       f"{size['num_ps']} ps; {steps} steps of {self.inputs.global_batch_size} "
                       "examples, asynchronous")  # fmt: skip
@@ -419,9 +422,6 @@ class _Run:
             self._start_phase(segment)
         if segment.restore:
             restore(self.trainer, point, with_optimizer=segment.restore_optimizer)
-        train_ds = inputs.train_epochs(segment.first_epoch, segment.last_epoch)
-        if segment.skip_steps:  # their original step numbers keep their augmentation seeds
-            train_ds = train_ds.skip(segment.skip_steps)
         if config.backup_dir:
             callbacks = [*callbacks, Backup(
                 config.backup_dir, self.fingerprint(), segment.phase, inputs.steps_per_epoch,
@@ -436,15 +436,19 @@ class _Run:
             verbose=config.verbose,
         )
         if self.loop == "ps":  # each worker builds its own batches
-            from mdtrain.ps.loop import cluster_size, coordinator_fit, worker_dataset_fn
+            from mdtrain.ps.loop import coordinator_fit, worker_dataset_fn
 
             batches = worker_dataset_fn(config, self.splits, inputs.global_batch_size)
             hist, self.ps_log = coordinator_fit(
                 self.trainer, self.strategy, batches, val_ds=inputs.val_ds,
                 learning_rate=self.schedule, log_every=config.log_every, **run,
             )  # fmt: skip
-            self.ps_log |= cluster_size()
-        elif self.loop == "fit":  # shuffle=False: the dataset is shuffled already, per epoch
+            self.ps_log |= self.ps_cluster
+            return history_rows(hist)
+        train_ds = inputs.train_epochs(segment.first_epoch, segment.last_epoch)
+        if segment.skip_steps:  # their original step numbers keep their augmentation seeds
+            train_ds = train_ds.skip(segment.skip_steps)
+        if self.loop == "fit":  # shuffle=False: the dataset is shuffled already, per epoch
             hist = self.trainer.fit(train_ds, validation_data=inputs.val_ds, shuffle=False, **run)
         else:
             hist = custom_fit(self.trainer, self.strategy, train_ds, val_ds=inputs.val_ds, **run)
