@@ -277,12 +277,14 @@ def test_cli_launch_ps_trains_and_writes_outputs(tiny_dataset, tmp_path):
     layers = json.loads(plain.stdout.strip().splitlines()[-1])["layers"]
     assert "BatchNormalization" in layers and not [n for n in layers if n.startswith("Exact")]
     assert json.loads((out / "history.json").read_text()) == report["history"]
-    # It learns: the mean loss of the last 12 steps is below that of the first 12. (The saved
-    # model's moving BatchNorm statistics have moved only 1 - 0.99**24 = 21% of the way
-    # after 24 steps: its predictions cannot show it yet.)
+    # Each epoch's row is the curve's point at its end (3 steps each here): one set of figures.
     rows = report["history"]
-    first, last = (sum(r["loss"] for r in half) for half in (rows[:4], rows[4:]))
-    assert last < first, rows
+    assert [r["loss"] for r in rows] == pytest.approx(curve["loss"], rel=1e-6)  # (float32)
+    assert all(math.isfinite(x) for x in curve["loss"])
+    assert [r["accuracy"] for r in rows] == pytest.approx(curve["accuracy"], rel=1e-6)
+    # Whether it learns is test_asynchronous_steps_descend's question, on a fixed batch: 24
+    # asynchronous steps of 8 augmented images are too few to show it every time (in one CI
+    # run of about twenty, the last four epochs' losses summed to more than the first four's).
 
 
 def summary_of(line: str) -> dict:
