@@ -20,8 +20,7 @@ import pytest
 
 from mdtrain.errors import UsageError
 from mdtrain.gpus import share_gpus
-from mdtrain.monitor.nvml import NvmlReader
-from mdtrain.monitor.sampler import Sampler
+from mdtrain.monitor import NvmlReader, Sampler
 from mdtrain.precision import MODES, choose_policy
 
 # --- memory growth ---------------------------------------------------------------
