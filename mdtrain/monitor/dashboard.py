@@ -21,7 +21,6 @@ from mdtrain.monitor.sampler import DeviceSample, Sample
 from mdtrain.monitor.summary import count, device_text, short_name, step_and_wait
 from mdtrain.monitor.throughput import Rates
 
-IMAGES_PER_SEC_CLASS = "mdtrain-images-per-sec"
 MAX_POINTS = 600  # chart points kept: 2.5 minutes at the default refresh, thinned when drawn
 MAX_DRAWN = 150  # points drawn per line: more than the figure has pixels buys nothing
 Point = tuple[float, "float | None", "dict[str, float]"]
@@ -54,12 +53,9 @@ class Dashboard:
         self.monitor = monitor
         self.refresh_s = refresh_s
         self.chart_every_s = chart_every_s
-        self._points: collections.deque[tuple[float, float | None, dict[str, float]]] = (
-            collections.deque(maxlen=MAX_POINTS)
-        )
+        self._points: collections.deque[Point] = collections.deque(maxlen=MAX_POINTS)
         self._t0 = time.monotonic()
         self._last_chart = 0.0
-        self._chart_dirty = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()  # one refresh at a time: thread and stop()
@@ -69,7 +65,7 @@ class Dashboard:
         self.epoch_bar = widgets.IntProgress(value=0, min=0, max=1, description="epoch")
         self.step_bar = widgets.IntProgress(value=0, min=0, max=1, description="step")
         self.images_per_sec = widgets.HTML("– images/sec")
-        self.images_per_sec.add_class(IMAGES_PER_SEC_CLASS)
+        self.images_per_sec.add_class("mdtrain-images-per-sec")
         self.stats = widgets.HTML("")
         self.devices = widgets.VBox([])
         self.chart = widgets.Image(format="png")
@@ -135,11 +131,10 @@ class Dashboard:
             if sample is not None:
                 self._show_devices(sample.devices)
             self._record(rates, sample)
-            now = time.monotonic()
-            if self._chart_dirty and (final or now - self._last_chart >= self.chart_every_s):
+            due = final or time.monotonic() - self._last_chart >= self.chart_every_s
+            if self._points and due:
                 self.chart.value = self._chart.render(list(self._points))
                 self._last_chart = time.monotonic()
-                self._chart_dirty = False
             if final:
                 self.verdict.value = f"<b>verdict:</b> {html.escape(rates.verdict, quote=False)}"
 
@@ -192,13 +187,10 @@ class Dashboard:
             text.value = device_text(d)
 
     def _record(self, rates: Rates, sample: Sample | None) -> None:
-        if sample is None and rates.images_per_sec is None:
-            return
-        util = {}
-        if sample is not None:
-            util = {d.name: d.utilization for d in sample.devices if d.utilization is not None}
-        self._points.append((time.monotonic() - self._t0, rates.images_per_sec, util))
-        self._chart_dirty = True
+        if sample is not None or rates.images_per_sec is not None:
+            devices = sample.devices if sample is not None else ()
+            util = {d.name: d.utilization for d in devices if d.utilization is not None}
+            self._points.append((time.monotonic() - self._t0, rates.images_per_sec, util))
 
 
 def _clock(seconds: float) -> str:
@@ -216,13 +208,6 @@ class Chart:
     ``Figure`` (no pyplot) is safe off the main thread without touching the
     notebook's own matplotlib backend. Longer histories than 150 points are
     thinned evenly.
-
-    Example:
-
-    ```python
-    chart = Chart()
-    png = chart.render([(0.0, 950.0, {"GPU 0": 91.0}), (0.5, 990.0, {"GPU 0": 93.0})])
-    ```
     """
 
     def __init__(self) -> None:
@@ -247,26 +232,17 @@ class Chart:
         self.util_lines: dict[str, object] = {}
 
     def render(self, points: list[Point]) -> bytes:
-        """Redraws from ``points`` and returns a PNG.
-
-        Args:
-            points: ``(seconds, images_per_sec or None, {device: utilisation})``
-                in time order.
-
-        Returns:
-            PNG bytes for an ``ipywidgets.Image``.
-        """
-        points = _thin(points, MAX_DRAWN)
+        """PNG bytes of ``points``: ``(seconds, images_per_sec or None, {device: util})``."""
+        if len(points) > MAX_DRAWN:  # thinned evenly
+            keep = np.linspace(0, len(points) - 1, MAX_DRAWN).round().astype(int)
+            points = [points[i] for i in keep]
         rated = [(t, r) for t, r, _ in points if r is not None]
         self.rate_line.set_data([t for t, _ in rated], [r for _, r in rated])
         if rated:
             t0, t1 = rated[0][0], rated[-1][0]
             self.rate_ax.set_xlim(t0, max(t1, t0 + 1.0))
             self.rate_ax.set_ylim(0, 1.1 * max(r for _, r in rated) or 1.0)
-        names: dict[str, None] = {}
-        for _, _, util in points:
-            names.update(dict.fromkeys(util))
-        for name in names:
+        for name in dict.fromkeys(name for _, _, util in points for name in util):
             if name not in self.util_lines:
                 (self.util_lines[name],) = self.util_ax.plot([], [], label=short_name(name))
                 self.util_ax.legend(fontsize=7, loc="lower right")
@@ -278,9 +254,3 @@ class Chart:
         buf = io.BytesIO()
         self.canvas.print_png(buf)
         return buf.getvalue()
-
-
-def _thin(points: list[Point], n: int) -> list[Point]:
-    if len(points) <= n:
-        return points
-    return [points[i] for i in np.linspace(0, len(points) - 1, n).round().astype(int)]

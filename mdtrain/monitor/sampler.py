@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 import psutil
 
+from mdtrain.gpus import visible_gpus
+
 
 @dataclass(frozen=True)
 class DeviceSample:
@@ -105,24 +107,15 @@ class CpuReader:
 
 def _visible_indices(count: int, uuids: list[str]) -> list[int]:
     """NVML sees every GPU; honour CUDA_VISIBLE_DEVICES so we show the ones TF uses."""
-    spec = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if spec is None:
+    if "CUDA_VISIBLE_DEVICES" not in os.environ:
         return list(range(count))
-    chosen: list[int] = []
-    for item in (s.strip() for s in spec.split(",")):
-        if not item:
-            continue
-        if item.lstrip("-").isdigit():
-            index = int(item)
-            if index < 0:
-                break  # CUDA stops at the first invalid entry
-            if index < count:
-                chosen.append(index)
-        else:
-            matches = [i for i, u in enumerate(uuids) if u.startswith(item)]
-            if not matches:
-                break
-            chosen.append(matches[0])
+    chosen = []
+    for item in visible_gpus():  # indices or UUIDs, as the launcher reads them
+        uuid_matches = (i for i, u in enumerate(uuids) if u.startswith(item))
+        index = int(item) if item.isdigit() else next(uuid_matches, count)
+        if index >= count:
+            break  # CUDA stops at the first invalid entry
+        chosen.append(index)
     return chosen
 
 
@@ -227,13 +220,7 @@ def _try(fn, *args, **kwargs):
 
 @functools.cache  # remembers every message said: a repeat returns at once
 def say_once(message: str) -> None:
-    """Prints ``message`` to standard error the first time this process sees it.
-
-    A notebook that trains five times should hear "no GPU" once, not five times.
-
-    Args:
-        message: The line to print.
-    """
+    """Prints to standard error once per process: five runs in a notebook hear "no GPU" once."""
     print(message, file=sys.stderr, flush=True)
 
 

@@ -194,22 +194,9 @@ def _device_summary(name: str, samples: Sequence[Sample]) -> DeviceSummary:
 
 
 def epoch_line(epoch: int, epochs: int | None, summary: Summary) -> str:
-    """Formats one epoch's figures on one line.
+    """``"epoch 2/5: 50 steps, 1234.5 images/sec, step 25.9 ms, input wait 12%, util GPU 0 87%"``.
 
-    Args:
-        epoch: Zero-based epoch index (printed one-based, like Keras).
-        epochs: Total epochs, or ``None`` when unknown.
-        summary: The epoch's `Summary`: its rates and mean utilisation per device.
-
-    Returns:
-        E.g. ``"epoch 2/5: 50 steps, 1234.5 images/sec, step 25.9 ms,
-        input wait 12%, util GPU 0 87%, CPU 45%"``.
-
-    Example:
-
-    ```python
-    print(epoch_line(0, 3, summarize(meter.epoch_rates(), sampler.history(since=t0))))
-    ```
+    ``epoch`` is zero-based and printed one-based, like Keras.
     """
     util = ", ".join(
         f"{short_name(d.name)} {percent(d.mean_utilization)}"
