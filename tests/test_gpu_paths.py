@@ -20,8 +20,7 @@ import pytest
 
 from mdtrain.errors import UsageError
 from mdtrain.gpus import share_gpus
-from mdtrain.monitor.nvml import NvmlReader
-from mdtrain.monitor.sampler import Sampler
+from mdtrain.monitor import NvmlReader, Sampler
 from mdtrain.precision import MODES, choose_policy
 
 # --- memory growth ---------------------------------------------------------------
@@ -267,7 +266,12 @@ def test_a_query_the_board_cannot_answer_is_none_not_fatal(nvml):
 
 @pytest.mark.parametrize(
     ("visible", "names"),
-    [("1", ["GPU 1 (Tesla T4)"]), ("GPU-111", ["GPU 1 (Tesla T4)"]), ("1,0", None)],
+    [
+        ("1", ["GPU 1 (Tesla T4)"]),
+        ("GPU-111", ["GPU 1 (Tesla T4)"]),
+        ("1,0", None),
+        ("0,5,1", ["GPU 0 (Tesla T4)"]),  # CUDA stops at the first invalid entry
+    ],
 )
 def test_reader_shows_the_gpus_cuda_shows(nvml, monkeypatch, visible, names):
     nvml()

@@ -19,7 +19,6 @@ from mdtrain.monitor import (
     Sample,
     Sampler,
     ThroughputMeter,
-    format_summary,
     resolve_display,
     summarize,
     verdict,
@@ -325,12 +324,12 @@ def test_summary_means_peaks_and_json():
     assert summary.gpu_utilization == pytest.approx(77.5)
     assert summary.verdict.startswith("compute-bound")
     assert json.loads(json.dumps(summary.to_dict()))["images_per_sec"] == 500.0
-    text = format_summary(summary)
+    text = str(summary)
     assert "500.0 images/sec" in text and "verdict: compute-bound" in text
 
 
 def test_the_text_forms_read_exactly_so():
-    from mdtrain.monitor.text import device_text, epoch_line
+    from mdtrain.monitor.summary import device_text, epoch_line
 
     gpu = DeviceSample("GPU 0 (Fake)", "gpu", 87.0, 2**30, 2**34, 70.4, 61.0)
     sample = Sample(time=0.0, devices=(gpu, DeviceSample("CPU", "cpu", 40.0, 2**30, 8 * 2**30)))
@@ -343,8 +342,7 @@ def test_the_text_forms_read_exactly_so():
     assert epoch_line(0, None, empty) == (
         "epoch 1: 0 steps, n/a images/sec, step n/a, input wait unknown (model.fit), util n/a"
     )
-    assert str(summary) == format_summary(summary)
-    assert format_summary(summary) == (
+    assert str(summary) == (
         "mdtrain monitor: 50 steps, 1234.5 images/sec, step 25.9 ms, input wait 12%\n"
         "  GPU 0 (Fake): mean 87%, peak 87%, peak memory 1.0/16.0 GiB\n"
         "  CPU: mean 40%, peak 40%, peak memory 1.0/8.0 GiB\n"

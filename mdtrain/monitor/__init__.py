@@ -19,15 +19,16 @@ from __future__ import annotations
 
 import importlib
 
-from mdtrain.monitor.cpu import CpuReader
-from mdtrain.monitor.display import in_notebook_kernel, resolve_display
-from mdtrain.monitor.nvml import NvmlReader
-from mdtrain.monitor.sampler import Sampler
-from mdtrain.monitor.samples import DeviceSample, Sample
-from mdtrain.monitor.summary import DeviceSummary, Summary, summarize
-from mdtrain.monitor.text import format_summary
+from mdtrain.monitor.sampler import CpuReader, DeviceSample, NvmlReader, Sample, Sampler
+from mdtrain.monitor.summary import (
+    DeviceSummary,
+    Summary,
+    in_notebook_kernel,
+    resolve_display,
+    summarize,
+    verdict,
+)
 from mdtrain.monitor.throughput import Rates, ThroughputMeter
-from mdtrain.monitor.verdict import verdict
 
 # Loaded on first access: Keras (and so TensorFlow) for the callback,
 # ipywidgets for the dashboard.
@@ -49,7 +50,6 @@ __all__ = [
     "Sampler",
     "Summary",
     "ThroughputMeter",
-    "format_summary",
     "in_notebook_kernel",
     "make_monitor",
     "resolve_display",

@@ -12,10 +12,14 @@ import time
 
 import keras
 
-from mdtrain.monitor.display import in_notebook_kernel, resolve_display
 from mdtrain.monitor.sampler import Sampler
-from mdtrain.monitor.summary import Summary, summarize
-from mdtrain.monitor.text import epoch_line
+from mdtrain.monitor.summary import (
+    Summary,
+    epoch_line,
+    in_notebook_kernel,
+    resolve_display,
+    summarize,
+)
 from mdtrain.monitor.throughput import ThroughputMeter
 
 

@@ -10,18 +10,20 @@ from __future__ import annotations
 
 import collections
 import html
+import io
 import threading
 import time
 
 import ipywidgets as widgets
+import numpy as np
 
-from mdtrain.monitor.chart import Chart
-from mdtrain.monitor.samples import DeviceSample, Sample
-from mdtrain.monitor.text import count, device_text, step_and_wait
+from mdtrain.monitor.sampler import DeviceSample, Sample
+from mdtrain.monitor.summary import count, device_text, short_name, step_and_wait
 from mdtrain.monitor.throughput import Rates
 
-IMAGES_PER_SEC_CLASS = "mdtrain-images-per-sec"
 MAX_POINTS = 600  # chart points kept: 2.5 minutes at the default refresh, thinned when drawn
+MAX_DRAWN = 150  # points drawn per line: more than the figure has pixels buys nothing
+Point = tuple[float, "float | None", "dict[str, float]"]
 
 
 class Dashboard:
@@ -51,12 +53,9 @@ class Dashboard:
         self.monitor = monitor
         self.refresh_s = refresh_s
         self.chart_every_s = chart_every_s
-        self._points: collections.deque[tuple[float, float | None, dict[str, float]]] = (
-            collections.deque(maxlen=MAX_POINTS)
-        )
+        self._points: collections.deque[Point] = collections.deque(maxlen=MAX_POINTS)
         self._t0 = time.monotonic()
         self._last_chart = 0.0
-        self._chart_dirty = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()  # one refresh at a time: thread and stop()
@@ -66,7 +65,7 @@ class Dashboard:
         self.epoch_bar = widgets.IntProgress(value=0, min=0, max=1, description="epoch")
         self.step_bar = widgets.IntProgress(value=0, min=0, max=1, description="step")
         self.images_per_sec = widgets.HTML("– images/sec")
-        self.images_per_sec.add_class(IMAGES_PER_SEC_CLASS)
+        self.images_per_sec.add_class("mdtrain-images-per-sec")
         self.stats = widgets.HTML("")
         self.devices = widgets.VBox([])
         self.chart = widgets.Image(format="png")
@@ -132,11 +131,10 @@ class Dashboard:
             if sample is not None:
                 self._show_devices(sample.devices)
             self._record(rates, sample)
-            now = time.monotonic()
-            if self._chart_dirty and (final or now - self._last_chart >= self.chart_every_s):
+            due = final or time.monotonic() - self._last_chart >= self.chart_every_s
+            if self._points and due:
                 self.chart.value = self._chart.render(list(self._points))
                 self._last_chart = time.monotonic()
-                self._chart_dirty = False
             if final:
                 self.verdict.value = f"<b>verdict:</b> {html.escape(rates.verdict, quote=False)}"
 
@@ -189,13 +187,10 @@ class Dashboard:
             text.value = device_text(d)
 
     def _record(self, rates: Rates, sample: Sample | None) -> None:
-        if sample is None and rates.images_per_sec is None:
-            return
-        util = {}
-        if sample is not None:
-            util = {d.name: d.utilization for d in sample.devices if d.utilization is not None}
-        self._points.append((time.monotonic() - self._t0, rates.images_per_sec, util))
-        self._chart_dirty = True
+        if sample is not None or rates.images_per_sec is not None:
+            devices = sample.devices if sample is not None else ()
+            util = {d.name: d.utilization for d in devices if d.utilization is not None}
+            self._points.append((time.monotonic() - self._t0, rates.images_per_sec, util))
 
 
 def _clock(seconds: float) -> str:
@@ -203,3 +198,59 @@ def _clock(seconds: float) -> str:
     h, rest = divmod(seconds, 3600)
     m, s = divmod(rest, 60)
     return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+
+
+class Chart:
+    """Keeps one matplotlib figure and redraws it from new points.
+
+    Reusing the figure and its lines (``set_data``) instead of building a new
+    figure each time makes a redraw several times cheaper, and the bare
+    ``Figure`` (no pyplot) is safe off the main thread without touching the
+    notebook's own matplotlib backend. Longer histories than 150 points are
+    thinned evenly.
+    """
+
+    def __init__(self) -> None:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+        from matplotlib.ticker import MaxNLocator
+
+        self.figure = Figure(figsize=(8, 2.4), dpi=72)
+        self.canvas = FigureCanvasAgg(self.figure)
+        self.rate_ax, self.util_ax = self.figure.subplots(1, 2)
+        self.figure.subplots_adjust(left=0.08, right=0.98, bottom=0.2, top=0.88, wspace=0.2)
+        (self.rate_line,) = self.rate_ax.plot([], [], color="tab:blue")
+        self.rate_ax.set_title("images/sec", fontsize=10)
+        self.util_ax.set_title("utilisation %", fontsize=10)
+        self.util_ax.set_ylim(0, 105)
+        for ax in (self.rate_ax, self.util_ax):
+            ax.set_xlabel("seconds", fontsize=8)
+            ax.tick_params(labelsize=7)
+            # Tick labels are most of a redraw's cost: keep few.
+            ax.xaxis.set_major_locator(MaxNLocator(4))
+            ax.yaxis.set_major_locator(MaxNLocator(4))
+        self.util_lines: dict[str, object] = {}
+
+    def render(self, points: list[Point]) -> bytes:
+        """PNG bytes of ``points``: ``(seconds, images_per_sec or None, {device: util})``."""
+        if len(points) > MAX_DRAWN:  # thinned evenly
+            keep = np.linspace(0, len(points) - 1, MAX_DRAWN).round().astype(int)
+            points = [points[i] for i in keep]
+        rated = [(t, r) for t, r, _ in points if r is not None]
+        self.rate_line.set_data([t for t, _ in rated], [r for _, r in rated])
+        if rated:
+            t0, t1 = rated[0][0], rated[-1][0]
+            self.rate_ax.set_xlim(t0, max(t1, t0 + 1.0))
+            self.rate_ax.set_ylim(0, 1.1 * max(r for _, r in rated) or 1.0)
+        for name in dict.fromkeys(name for _, _, util in points for name in util):
+            if name not in self.util_lines:
+                (self.util_lines[name],) = self.util_ax.plot([], [], label=short_name(name))
+                self.util_ax.legend(fontsize=7, loc="lower right")
+            series = [(t, u[name]) for t, _, u in points if name in u]
+            self.util_lines[name].set_data([t for t, _ in series], [u for _, u in series])
+        if points:
+            t0, t1 = points[0][0], points[-1][0]
+            self.util_ax.set_xlim(t0, max(t1, t0 + 1.0))
+        buf = io.BytesIO()
+        self.canvas.print_png(buf)
+        return buf.getvalue()

@@ -1,28 +1,226 @@
-"""A background thread that samples GPUs and CPU into a bounded history."""
+"""Device sampling: GPUs through NVML, the CPU through psutil, on a background thread.
+
+NVML (the ``nvidia-ml-py`` package, ``import pynvml``) needs only the driver,
+not CUDA or TensorFlow, so this works (and is tested) on a machine without
+TensorFlow.
+"""
 
 from __future__ import annotations
 
 import collections
 import functools
+import os
 import sys
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
-from mdtrain.monitor.cpu import CpuReader
-from mdtrain.monitor.nvml import NvmlReader
-from mdtrain.monitor.samples import Sample
+import psutil
+
+from mdtrain.gpus import visible_gpus
+
+
+@dataclass(frozen=True)
+class DeviceSample:
+    """One device's reading at one instant.
+
+    Every figure is ``None`` when the driver cannot report it (power on some
+    boards, utilisation on MIG slices), so views show "n/a" instead of a lie.
+
+    Args:
+        name: Display name, e.g. ``"GPU 0 (NVIDIA H100)"`` or ``"CPU"``.
+        kind: ``"gpu"`` or ``"cpu"``.
+        utilization: Busy share in percent (0-100). Defaults to ``None``.
+        memory_used: Bytes in use (for the CPU: this process's RSS).
+            Defaults to ``None``.
+        memory_total: Bytes available (for the CPU: the host's RAM).
+            Defaults to ``None``.
+        power_w: Power draw in watts. Defaults to ``None``.
+        temperature_c: Temperature in degrees Celsius. Defaults to ``None``.
+    """
+
+    name: str
+    kind: str
+    utilization: float | None = None
+    memory_used: int | None = None
+    memory_total: int | None = None
+    power_w: float | None = None
+    temperature_c: float | None = None
+
+
+@dataclass(frozen=True)
+class Sample:
+    """All devices at one instant.
+
+    Args:
+        time: ``time.monotonic()`` when the sample was taken.
+        devices: GPUs first (NVML order), then one ``"cpu"`` entry.
+    """
+
+    time: float
+    devices: tuple[DeviceSample, ...]
+
+    @property
+    def gpus(self) -> tuple[DeviceSample, ...]:
+        """The GPU readings only."""
+        return tuple(d for d in self.devices if d.kind == "gpu")
+
+
+class CpuReader:
+    """Reads the host's CPU utilisation and this process's resident memory.
+
+    CPU utilisation is the average since the previous ``read()`` (psutil's
+    non-blocking mode), so the sampling thread never sleeps inside psutil.
+
+    Example:
+
+    ```python
+    print(CpuReader().read())
+    ```
+    """
+
+    def __init__(self) -> None:
+        self._process = psutil.Process()
+        self._total = int(psutil.virtual_memory().total)
+        psutil.cpu_percent(interval=None)  # primes the counter; the first call returns 0.0
+
+    def read(self) -> DeviceSample:
+        """Reads the CPU once.
+
+        Returns:
+            A `DeviceSample` of kind ``"cpu"``: utilisation over all cores,
+            memory_used = this process's RSS, memory_total = host RAM.
+        """
+        try:
+            rss = int(self._process.memory_info().rss)
+        except psutil.Error:
+            rss = None
+        return DeviceSample(
+            name="CPU",
+            kind="cpu",
+            utilization=float(psutil.cpu_percent(interval=None)),
+            memory_used=rss,
+            memory_total=self._total,
+        )
+
+
+def _visible_indices(count: int, uuids: list[str]) -> list[int]:
+    """NVML sees every GPU; honour CUDA_VISIBLE_DEVICES so we show the ones TF uses."""
+    if "CUDA_VISIBLE_DEVICES" not in os.environ:
+        return list(range(count))
+    chosen = []
+    for item in visible_gpus():  # indices or UUIDs, as the launcher reads them
+        uuid_matches = (i for i, u in enumerate(uuids) if u.startswith(item))
+        index = int(item) if item.isdigit() else next(uuid_matches, count)
+        if index >= count:
+            break  # CUDA stops at the first invalid entry
+        chosen.append(index)
+    return chosen
+
+
+class NvmlReader:
+    """Reads utilisation, memory, power and temperature of each visible GPU.
+
+    Construction never raises: when NVML is missing or finds no GPU, ``error``
+    says why and ``read()`` returns an empty tuple.
+
+    Example:
+
+    ```python
+    reader = NvmlReader()
+    print(reader.error or [d.name for d in reader.read()])
+    reader.close()
+    ```
+    """
+
+    def __init__(self) -> None:
+        self.error: str | None = None
+        self._nvml = None
+        self._handles: list[tuple[str, object]] = []
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self._nvml = pynvml
+            count = pynvml.nvmlDeviceGetCount()
+            handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+            uuids = [_text(pynvml.nvmlDeviceGetUUID(h)) for h in handles]
+            for index in _visible_indices(count, uuids):
+                name = _text(pynvml.nvmlDeviceGetName(handles[index]))
+                self._handles.append((f"GPU {index} ({name})", handles[index]))
+            if not self._handles:
+                self.error = "NVML found no visible NVIDIA GPU"
+        except Exception as exc:  # ImportError, NVMLError_LibraryNotFound, DriverNotLoaded, ...
+            self.error = f"NVML unavailable ({type(exc).__name__}: {exc})".strip()
+            self._handles = []
+
+    @property
+    def names(self) -> list[str]:
+        """Display names of the GPUs this reader reports."""
+        return [name for name, _ in self._handles]
+
+    def read(self) -> tuple[DeviceSample, ...]:
+        """Reads every visible GPU once.
+
+        Returns:
+            One `DeviceSample` per GPU; figures the board cannot report are ``None``.
+        """
+        return tuple(_read(self._nvml, name, handle) for name, handle in self._handles)
+
+    def close(self) -> None:
+        """Releases NVML; safe to call twice."""
+        if self._nvml is not None:
+            _try(self._nvml.nvmlShutdown)
+            self._nvml = None
+            self._handles = []
+
+
+def _read(nv, name: str, handle) -> DeviceSample:
+    util = _try(nv.nvmlDeviceGetUtilizationRates, handle)
+    memory = _memory(nv, handle)
+    power_mw = _try(nv.nvmlDeviceGetPowerUsage, handle)
+    temperature = _try(nv.nvmlDeviceGetTemperature, handle, nv.NVML_TEMPERATURE_GPU)
+    return DeviceSample(
+        name=name,
+        kind="gpu",
+        utilization=float(util.gpu) if util is not None else None,
+        memory_used=int(memory.used) if memory is not None else None,
+        memory_total=int(memory.total) if memory is not None else None,
+        power_w=power_mw / 1000.0 if power_mw is not None else None,
+        temperature_c=float(temperature) if temperature is not None else None,
+    )
+
+
+def _memory(nv, handle):
+    """Memory in use as `nvidia-smi` reports it: without the driver's reserve.
+
+    NVML's first memory query counts the driver's reserved memory as used
+    (480 MiB more than `nvidia-smi` on an idle H100, see
+    `benchmarks/nvml.json`); the version-2 query reports it apart. Drivers
+    older than R510 have only the first.
+    """
+    version = getattr(nv, "nvmlMemory_v2", None)
+    info = _try(nv.nvmlDeviceGetMemoryInfo, handle, version=version) if version else None
+    return info or _try(nv.nvmlDeviceGetMemoryInfo, handle)
+
+
+def _text(value: str | bytes) -> str:
+    # Older nvidia-ml-py releases return bytes.
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _try(fn, *args, **kwargs):
+    # One unsupported query (power on a MIG slice) must not hide the others.
+    try:
+        return fn(*args, **kwargs)
+    except Exception:
+        return None
 
 
 @functools.cache  # remembers every message said: a repeat returns at once
 def say_once(message: str) -> None:
-    """Prints ``message`` to standard error the first time this process sees it.
-
-    A notebook that trains five times should hear "no GPU" once, not five times.
-
-    Args:
-        message: The line to print.
-    """
+    """Prints to standard error once per process: five runs in a notebook hear "no GPU" once."""
     print(message, file=sys.stderr, flush=True)
 
 

@@ -1,13 +1,92 @@
-"""The after-training report: per-device utilisation, throughput, verdict."""
+"""The monitor's report: the verdict, the summary and its words, and where they show.
+
+The text fallback (terminals, CI, smoke runs), the summary and the dashboard
+all format their figures here, so a figure reads the same in each.
+"""
 
 from __future__ import annotations
 
+import importlib.util
+import os
+import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 
-from mdtrain.monitor.samples import Sample
+from mdtrain.choices import MONITOR_DISPLAYS
+from mdtrain.monitor.sampler import DeviceSample, Sample
 from mdtrain.monitor.throughput import Rates
-from mdtrain.monitor.verdict import verdict
+
+# TensorFlow's profiler calls a program HIGHLY input-bound from 20% of step time
+# spent waiting for input, MODERATELY from 5% (its input-pipeline analyzer).
+HIGHLY_INPUT_BOUND_SHARE = 0.20
+MODERATELY_INPUT_BOUND_SHARE = 0.05
+BUSY_UTILIZATION = 70.0
+IDLE_UTILIZATION = 40.0
+
+
+def verdict(
+    input_wait_share: float | None,
+    gpu_utilization: float | None,
+    *,
+    augments_on_device: bool = False,
+) -> str:
+    """Says in words what limits training speed, and what to try.
+
+    The first word is one of ``input-bound``, ``compute-bound``,
+    ``under-used`` or ``unknown``, so code can branch on it. The input-wait
+    share is the direct evidence, judged with the thresholds of TensorFlow's
+    profiler: highly input-bound from 20%, moderately from 5%. Below that,
+    GPU utilisation tells compute-bound (from 70%) from under-used; below 40%
+    it also stands in for a missing wait figure (a plain ``model.fit``).
+
+    Args:
+        input_wait_share: Share (0-1) of each step spent waiting for input, or
+            ``None`` when unknown.
+        gpu_utilization: Mean utilisation (0-100) over the GPUs, or ``None``
+            without a GPU.
+        augments_on_device: Whether the training step augments already
+            (``mdtrain train``'s default, ``--augment-in model``), so the advice leaves
+            moving it there out. Defaults to ``False``.
+
+    Returns:
+        One sentence.
+
+    Example:
+
+    >>> verdict(0.38, 41.0).split(" — ")[0]
+    'input-bound (highly): the devices waited 38% of each step'
+    """
+    fixes = "cache the dataset, prefetch, or move augmentation onto the device"
+    if augments_on_device:
+        fixes = "cache the dataset, prefetch, or give the input pipeline more CPU cores"
+    wait = input_wait_share
+    if wait is not None and wait >= MODERATELY_INPUT_BOUND_SHARE:
+        degree = "highly" if wait >= HIGHLY_INPUT_BOUND_SHARE else "moderately"
+        return f"input-bound ({degree}): the devices waited {wait:.0%} of each step — {fixes}"
+    if gpu_utilization is not None:
+        util = f"the GPUs averaged {gpu_utilization:.0f}% utilisation"
+        if wait is not None:
+            util += f" and waited {wait:.0%} of each step on input"
+        if gpu_utilization >= BUSY_UTILIZATION:
+            return f"compute-bound: {util} — the input pipeline keeps up"
+        if gpu_utilization < IDLE_UTILIZATION and wait is None:
+            return (
+                f"input-bound (likely): {util} with no input-wait figure — "
+                f"{fixes}, or train with mdtrain's ExactTrainer to measure the wait"
+            )
+        return (
+            f"under-used: {util} — raise the batch size, use mixed precision, "
+            "or look for host-side work between steps"
+        )
+    if wait is not None:
+        return (
+            f"compute-bound: the loop waited {wait:.0%} of each step on input — "
+            "the input pipeline keeps up (no GPU to sample)"
+        )
+    return (
+        "unknown: no input-wait figure and no GPU to sample — mdtrain's ExactTrainer "
+        "measures the wait under fit and the custom loop (not on parameter servers)"
+    )
 
 
 @dataclass(frozen=True)
@@ -61,9 +140,14 @@ class Summary(Rates):
         return asdict(self)
 
     def __str__(self) -> str:
-        from mdtrain.monitor.text import format_summary
-
-        return format_summary(self)
+        """The multi-line text form printed at the end of training."""
+        lines = [f"mdtrain monitor: {self.steps} steps, {rates_text(self)}"]
+        for d in self.devices:
+            memory = memory_text(d.peak_memory_used, d.memory_total)
+            util = f"mean {percent(d.mean_utilization)}, peak {percent(d.peak_utilization)}"
+            lines.append(f"  {d.name}: {util}" + (f", peak memory {memory}" if memory else ""))
+        lines.append(f"  verdict: {self.verdict}")
+        return "\n".join(lines)
 
 
 def summarize(
@@ -107,3 +191,111 @@ def _device_summary(name: str, samples: Sequence[Sample]) -> DeviceSummary:
         peak_memory_used=max(mems) if mems else None,
         memory_total=totals[-1] if totals else None,
     )
+
+
+def epoch_line(epoch: int, epochs: int | None, summary: Summary) -> str:
+    """``"epoch 2/5: 50 steps, 1234.5 images/sec, step 25.9 ms, input wait 12%, util GPU 0 87%"``.
+
+    ``epoch`` is zero-based and printed one-based, like Keras.
+    """
+    util = ", ".join(
+        f"{short_name(d.name)} {percent(d.mean_utilization)}"
+        for d in summary.devices
+        if d.mean_utilization is not None
+    )
+    return (
+        f"epoch {count(epoch + 1, epochs)}: {summary.steps} steps, "
+        f"{rates_text(summary)}, util {util or 'n/a'}"
+    )
+
+
+def rates_text(rates: Rates) -> str:
+    """``"1234.5 images/sec, step 25.9 ms, input wait 12%"`` (``n/a`` where unknown)."""
+    ips = f"{rates.images_per_sec:.1f}" if rates.images_per_sec is not None else "n/a"
+    return f"{ips} images/sec, " + ", ".join(step_and_wait(rates))
+
+
+def step_and_wait(rates: Rates) -> list[str]:
+    """``["step 25.9 ms", "input wait 12%"]``; the wait is ``unknown (model.fit)`` without one."""
+    step = f"{rates.step_time_s * 1000:.1f} ms" if rates.step_time_s is not None else "n/a"
+    share = rates.input_wait_share
+    wait = f"{share:.0%}" if share is not None else "unknown (model.fit)"
+    return [f"step {step}", f"input wait {wait}"]
+
+
+def device_text(d: DeviceSample) -> str:
+    """``"87% · 4.0/16.0 GiB · 70 W · 60°C"``: what the device reports now."""
+    parts = [
+        percent(d.utilization),
+        memory_text(d.memory_used, d.memory_total),
+        f"{d.power_w:.0f} W" if d.power_w is not None else None,
+        f"{d.temperature_c:.0f}°C" if d.temperature_c is not None else None,
+    ]
+    return " · ".join(p for p in parts if p)
+
+
+def percent(value: float | None) -> str:
+    """``"87%"``, or ``"n/a"`` for ``None``."""
+    return f"{value:.0f}%" if value is not None else "n/a"
+
+
+def memory_text(used: int | None, total: int | None) -> str | None:
+    """``"4.0/16.0 GiB"``, or ``None`` when either figure is unknown."""
+    if used is None or not total:
+        return None
+    return f"{used / 2**30:.1f}/{total / 2**30:.1f} GiB"
+
+
+def count(n: int, total: int | None) -> str:
+    """``"2/5"``, or ``"2"`` when the total is unknown."""
+    return f"{n}/{total}" if total else f"{n}"
+
+
+def short_name(name: str) -> str:
+    """``"GPU 0"`` for ``"GPU 0 (NVIDIA T4)"``."""
+    return name.split(" (")[0]
+
+
+def in_notebook_kernel() -> bool:
+    """Whether this code runs inside an IPython kernel (Jupyter, Colab, Kaggle).
+
+    Returns:
+        ``True`` in a kernel; ``False`` in a terminal, a script or plain IPython.
+    """
+    if "IPython" not in sys.modules:  # never import IPython just to ask
+        return False
+    try:
+        shell = sys.modules["IPython"].get_ipython()
+    except Exception:
+        return False
+    return shell is not None and getattr(shell, "kernel", None) is not None
+
+
+def resolve_display(display: str = "auto") -> str:
+    """Turns ``display`` into ``"widget"``, ``"text"`` or ``"none"``.
+
+    ``"auto"`` picks the widget dashboard inside a notebook kernel that has
+    ipywidgets, unless ``MDTRAIN_SMOKE=1`` (CI logs want text); text otherwise.
+
+    Args:
+        display: One of ``"auto"``, ``"widget"``, ``"text"``, ``"none"``.
+            Defaults to ``"auto"``.
+
+    Returns:
+        The concrete choice.
+
+    Raises:
+        ValueError: For any other value.
+
+    Example:
+
+    >>> resolve_display("text")
+    'text'
+    """
+    if display not in MONITOR_DISPLAYS:
+        raise ValueError(f"display must be one of {', '.join(MONITOR_DISPLAYS)}; got {display!r}")
+    if display != "auto":
+        return display
+    smoke = os.environ.get("MDTRAIN_SMOKE", "") not in ("", "0")
+    has_widgets = importlib.util.find_spec("ipywidgets") is not None
+    return "widget" if in_notebook_kernel() and has_widgets and not smoke else "text"
