@@ -64,7 +64,7 @@ def callback_cost_s() -> float:
 
 def chart_render_s() -> float:
     """Seconds for one chart redraw with a full history of points."""
-    from mdtrain.monitor.chart import Chart
+    from mdtrain.monitor.dashboard import Chart
 
     util = {"GPU 0": 90.0, "GPU 1": 85.0, "CPU": 40.0}
     points = [(i * 0.25, 1000.0 + i, util) for i in range(600)]
