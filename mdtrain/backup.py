@@ -212,8 +212,7 @@ def _restore_metrics(trainer, path: Path) -> bool:
         values = [state[f"metric_{i}"] for i in range(int(state["num_metrics"]))]
     # Assigned outside a replica context, a summed variable gets an equal share
     # on every replica, so its value read back is the saved one.
-    variables = [v for m in trainer.metrics for v in m.variables]
-    _assign(variables, values, "metric variables", path)
+    _assign([v for m in trainer.metrics for v in m.variables], values, "metric variables", path)
     return True
 
 
@@ -252,9 +251,8 @@ def save(
     if metrics is not None:
         arrays |= {f"metric_{i}": v for i, v in enumerate(metrics)} | {"num_metrics": len(metrics)}
     np.savez(tmp / STATE_FILE, num_seeds=len(seeds), num_opt=len(optimizer), **arrays)
-    manifest = dataclasses.asdict(point) | {
-        "files": {name: _sha256(tmp / name) for name in (NET_FILE, STATE_FILE)}
-    }
+    files = {name: _sha256(tmp / name) for name in (NET_FILE, STATE_FILE)}
+    manifest = dataclasses.asdict(point) | {"files": files}
     del manifest["path"]  # the folder's name
     # Written last: its presence means complete. All on disk before the rename.
     (tmp / MANIFEST_FILE).write_text(json.dumps(manifest, indent=1))
