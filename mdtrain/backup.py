@@ -103,10 +103,9 @@ def resume_point(
         for path in _folders(backup_dir, _TMP):
             shutil.rmtree(path, ignore_errors=True)
             say(f"backup: removed {path.name}, a save that a killed process left unfinished")
-    ckpts = _folders(backup_dir, _CKPT)
-    if not ckpts:
+    ckpt = max(_folders(backup_dir, _CKPT), default=None)  # the newest
+    if ckpt is None:
         return ResumePoint()
-    ckpt = ckpts[-1]
     try:
         manifest = json.loads((ckpt / MANIFEST_FILE).read_text())
         files = manifest["files"]

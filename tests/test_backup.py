@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -35,7 +36,7 @@ def test_interrupted_save_is_never_loaded(tmp_path, capsys):
         f"backup: removed mdtrain-tmp-{name}, a save that a killed process left unfinished"
         for name in ("abc", "def")
     ]
-    assert sorted(os.listdir(tmp_path)) == []
+    assert os.listdir(tmp_path) == []
     (tmp_path / "ckpt-00001-000000").mkdir()  # renamed into place, then damaged: an error
     with pytest.raises(UsageError, match="MANIFEST.json unreadable"):
         resume_point(tmp_path)
@@ -43,11 +44,13 @@ def test_interrupted_save_is_never_loaded(tmp_path, capsys):
 
 def test_a_backup_resumes_where_it_was_saved_and_only_under_the_same_settings(tmp_path, capsys):
     trainer = _trainer()
+    for older in (ResumePoint(0, 9), ResumePoint(1, 0)):
+        save(tmp_path, trainer, older)
     point = ResumePoint(2, 5, 1, None, {"seed": 1}, [{"loss": 1.5}])
     folder = save(tmp_path, trainer, point)
+    assert sorted(os.listdir(tmp_path)) == ["ckpt-00001-000000", "ckpt-00002-000005"]  # 2 kept
     assert sorted(os.listdir(folder)) == sorted(BACKUP_FILES)
-    assert resume_point(tmp_path, {"seed": 1}) == ResumePoint(2, 5, 1, folder, {"seed": 1},
-                                                              [{"loss": 1.5}])  # fmt: skip
+    assert resume_point(tmp_path, {"seed": 1}) == dataclasses.replace(point, path=folder)
     assert capsys.readouterr().out == f"resuming from {folder} at epoch 3, step 6\n"
     with pytest.raises(UsageError, match=r"other settings \(seed differ\)"):
         resume_point(tmp_path, {"seed": 2})
