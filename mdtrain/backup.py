@@ -5,8 +5,8 @@ optimizer but not the dropout layers' `SeedGenerator` state, so a resumed run
 draws different dropout masks; it resumes only at epoch starts even when it
 saved mid-epoch (the epoch is then run again on already-updated weights); with
 `double_checkpoint=True` it silently falls back to the previous checkpoint when
-the newest cannot be read; and it deletes its backup after every `fit`, which
-loses the state between a training and a fine-tuning phase.
+the newest cannot be read; and by default it deletes its backup after every
+`fit`, which loses the state between a training and a fine-tuning phase.
 
 Layout of `backup_dir` (one folder per save, the newest two kept):
 
@@ -34,6 +34,8 @@ the same folder, which must therefore be on a filesystem all workers share.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import hashlib
 import json
 import os
@@ -46,21 +48,16 @@ import keras
 import numpy as np
 
 from mdtrain.errors import UsageError
+from mdtrain.loop import build_optimizer
 from mdtrain.plan import ResumePoint
 
 NET_FILE, STATE_FILE, MANIFEST_FILE = "net.weights.h5", "state.npz", "MANIFEST.json"
-_CKPT = re.compile(r"^ckpt-(\d{5})-(\d{6})$")
-_TMP_PREFIX = "mdtrain-tmp-"
-_TMP = re.compile(f"^{_TMP_PREFIX}")
-_KEEP = 2
+_CKPT, _TMP = r"ckpt-\d{5}-\d{6}$", "mdtrain-tmp-"  # the names of saves and unfinished saves
+_FILES, _KEEP = {NET_FILE, STATE_FILE, MANIFEST_FILE}, 2
 
 
 def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def _corrupt(backup_dir, ckpt: Path, why: str) -> UsageError:
@@ -70,15 +67,24 @@ def _corrupt(backup_dir, ckpt: Path, why: str) -> UsageError:
     )
 
 
-def find_resume_point(
-    backup_dir: str | os.PathLike, fingerprint: dict | None = None
+def resume_point(
+    backup_dir: str | os.PathLike | None,
+    fingerprint: dict | None = None,
+    chief: bool = True,
+    say=print,
 ) -> ResumePoint:
-    """Finds and verifies the newest backup in `backup_dir`.
+    """Finds and verifies the newest backup in `backup_dir`: where a run resumes.
+
+    The chief first removes the saves that a killed process left unfinished
+    (`mdtrain-tmp-*` folders, never loaded), saying so with `say`. Every
+    process then prints the backup it resumes from.
 
     Args:
-        backup_dir: the run's `--backup-dir`.
+        backup_dir: the run's `--backup-dir`, or None (no backups: the start).
         fingerprint: what must match between the saving and the resuming run
             (model, image size, batch, seed, ...). Defaults to None (not checked).
+        chief: whether this process may remove unfinished saves. Defaults to True.
+        say: prints a line of progress. Defaults to `print`.
 
     Returns:
         The `ResumePoint`; epoch 0, step 0 and no path when there is no backup.
@@ -88,13 +94,18 @@ def find_resume_point(
             or was made by a run with another fingerprint.
 
     Example:
-        >>> find_resume_point("/nonexistent").epoch
+        >>> resume_point("/nonexistent").epoch
         0
     """
-    ckpts = _backups(backup_dir)
-    if not ckpts:
+    if not backup_dir:
         return ResumePoint()
-    ckpt = ckpts[-1]
+    if chief:
+        for path in _folders(backup_dir, _TMP):
+            shutil.rmtree(path, ignore_errors=True)
+            say(f"backup: removed {path.name}, a save that a killed process left unfinished")
+    ckpt = max(_folders(backup_dir, _CKPT), default=None)  # the newest
+    if ckpt is None:
+        return ResumePoint()
     try:
         manifest = json.loads((ckpt / MANIFEST_FILE).read_text())
         files = manifest["files"]
@@ -125,37 +136,8 @@ def find_resume_point(
             f"({', '.join(changed) or 'fingerprint'} differ); use the same command{hint}, or "
             "another --backup-dir"
         )
-    return point
-
-
-def resume_point(
-    backup_dir: str | os.PathLike | None, fingerprint: dict, chief: bool = True, say=print
-) -> ResumePoint:
-    """The verified backup a run resumes from (the start when none); says one line about it.
-
-    The chief first removes saves that a killed process left unfinished.
-
-    Args:
-        backup_dir: the run's `--backup-dir`, or None (no backups: the start).
-        fingerprint: the run's settings a backup must match.
-        chief: whether this process may remove unfinished saves. Defaults to True.
-        say: prints a line of progress. Defaults to `print`.
-
-    Returns:
-        The `ResumePoint`.
-
-    Raises:
-        UsageError: see `find_resume_point`.
-    """
-    if not backup_dir:
-        return ResumePoint()
-    if chief:
-        for name in remove_unfinished(backup_dir):
-            say(f"backup: removed {name}, a save that a killed process left unfinished")
-    point = find_resume_point(backup_dir, fingerprint)
-    if point.path is not None:
-        where = f"epoch {point.epoch + 1}" + (f", step {point.step + 1}" if point.step else "")
-        print(f"resuming from {point.path} at {where}", flush=True)
+    where = f"epoch {point.epoch + 1}" + (f", step {point.step + 1}" if point.step else "")
+    print(f"resuming from {point.path} at {where}", flush=True)
     return point
 
 
@@ -184,12 +166,20 @@ def _all_layers(model: keras.Model):
             yield from _all_layers(layer)
 
 
+def _assign(variables: list, values: list, what: str, path: Path) -> None:
+    """Puts a backup's `values` into `variables`; refuses a backup holding another number."""
+    if len(values) != len(variables):
+        raise UsageError(f"backup {path}: {len(values)} {what} for {len(variables)}")
+    for variable, value in zip(variables, values, strict=True):
+        variable.assign(value)
+
+
 def restore(trainer, point: ResumePoint, with_optimizer: bool = True) -> None:
     """Loads a verified backup into a built, compiled `ExactTrainer`.
 
     Args:
         trainer: the trainer, compiled for the phase being resumed.
-        point: from `find_resume_point`.
+        point: from `resume_point`.
         with_optimizer: also load the optimizer variables (False when the
             backup ended a phase and the next phase starts a fresh optimizer).
             Defaults to True.
@@ -197,9 +187,8 @@ def restore(trainer, point: ResumePoint, with_optimizer: bool = True) -> None:
     Raises:
         UsageError: if the backup does not fit the model.
     """
-    net = trainer.net
     try:
-        net.load_weights(point.path / NET_FILE)
+        trainer.net.load_weights(point.path / NET_FILE)
         with np.load(point.path / STATE_FILE) as state:
             seeds = [state[f"seed_{i}"] for i in range(int(state["num_seeds"]))]
             optimizer = [state[f"opt_{i}"] for i in range(int(state["num_opt"]))]
@@ -208,65 +197,21 @@ def restore(trainer, point: ResumePoint, with_optimizer: bool = True) -> None:
             f"backup {point.path}: does not fit this model ({type(e).__name__}: {e}); "
             "use another --backup-dir"
         ) from None
-    state = _rng_state(net)
-    if len(seeds) != len(state):
-        raise UsageError(f"backup {point.path}: {len(seeds)} random states for {len(state)}")
-    for variable, value in zip(state, seeds, strict=True):
-        variable.assign(value)
+    _assign(_rng_state(trainer.net), seeds, "random states", point.path)
     if with_optimizer:
-        from mdtrain.loop import build_optimizer
-
         build_optimizer(trainer)
-        variables = trainer.optimizer.variables
-        if len(variables) != len(optimizer):
-            raise UsageError(
-                f"backup {point.path}: {len(optimizer)} optimizer variables for {len(variables)}"
-            )
-        for v, value in zip(variables, optimizer, strict=True):
-            v.assign(value)
+        _assign(trainer.optimizer.variables, optimizer, "optimizer variables", point.path)
 
 
-def metric_state(trainer) -> list[np.ndarray]:
-    """The values of `trainer`'s metric variables (Keras' `Metric.variables`: sums, counts).
-
-    Under a strategy each variable is read summed over the replicas; under
-    multi-worker training that read is a collective, so every worker must call this.
-
-    Args:
-        trainer: the `ExactTrainer` being trained.
-
-    Returns:
-        One array per variable, in `trainer.metrics` order.
-    """
-    return [np.asarray(v.numpy()) for m in trainer.metrics for v in m.variables]
-
-
-def restore_metrics(trainer, path: Path) -> bool:
-    """Puts the metric state saved in the backup at `path` back into `trainer`'s metrics.
-
-    Assigned outside a replica context, a summed variable gets an equal share
-    on every replica, so its value read back is the saved one.
-
-    Args:
-        trainer: the `ExactTrainer`, its metrics just reset for the resumed epoch.
-        path: a verified backup folder (`ResumePoint.path`).
-
-    Returns:
-        False, changing nothing, when the backup holds no metric state (an
-        epoch-end backup, or one made before mdtrain saved it).
-
-    Raises:
-        UsageError: if the backup's metrics do not fit `trainer`'s.
-    """
+def _restore_metrics(trainer, path: Path) -> bool:
+    """Puts a mid-epoch backup's metric sums back; False, changing nothing, if it has none."""
     with np.load(path / STATE_FILE) as state:
-        if "num_metrics" not in state:
+        if "num_metrics" not in state:  # an epoch-end backup, or an older mdtrain's
             return False
         values = [state[f"metric_{i}"] for i in range(int(state["num_metrics"]))]
-    variables = [v for m in trainer.metrics for v in m.variables]
-    if len(values) != len(variables):
-        raise UsageError(f"backup {path}: {len(values)} metric variables for {len(variables)}")
-    for variable, value in zip(variables, values, strict=True):
-        variable.assign(value)
+    # Assigned outside a replica context, a summed variable gets an equal share
+    # on every replica, so its value read back is the saved one.
+    _assign([v for m in trainer.metrics for v in m.variables], values, "metric variables", path)
     return True
 
 
@@ -279,98 +224,66 @@ def save(
         backup_dir: the folder.
         trainer: the `ExactTrainer` being trained.
         point: the position the backup resumes at (`path` is ignored).
-        metrics: `metric_state(trainer)` of a save within an epoch, read on
-            every worker. Defaults to None (an epoch end: none needed).
+        metrics: the values of the trainer's metric variables (Keras'
+            `Metric.variables`: sums, counts) of a save within an epoch, read
+            on every worker. Defaults to None (an epoch end: none needed).
 
     Returns:
         The new `ckpt-*` folder.
+
+    Raises:
+        UsageError: if a folder of that name holds files that are not a backup.
     """
     root = Path(backup_dir)
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=_TMP_PREFIX, dir=root))
-    trainer.net.save_weights(tmp / NET_FILE)
-    seeds = [np.asarray(v.numpy()) for v in _rng_state(trainer.net)]
-    optimizer = [np.asarray(v.numpy()) for v in trainer.optimizer.variables]
-    arrays = {f"seed_{i}": s for i, s in enumerate(seeds)}
-    arrays.update({f"opt_{i}": v for i, v in enumerate(optimizer)})
-    if metrics is not None:
-        arrays.update({f"metric_{i}": v for i, v in enumerate(metrics)}, num_metrics=len(metrics))
-    np.savez(tmp / STATE_FILE, num_seeds=len(seeds), num_opt=len(optimizer), **arrays)
-    files = {name: _sha256(tmp / name) for name in (NET_FILE, STATE_FILE)}
-    manifest = {
-        "epoch": point.epoch,
-        "step": point.step,
-        "phase": point.phase,
-        "fingerprint": point.fingerprint,
-        "history": point.history,
-        "files": files,
-    }
-    with open(tmp / MANIFEST_FILE, "w") as f:  # written last: its presence means complete
-        json.dump(manifest, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    for name in (NET_FILE, STATE_FILE):
-        with open(tmp / name, "rb") as f:
-            os.fsync(f.fileno())
     final = root / f"ckpt-{point.epoch:05d}-{point.step:06d}"
     if final.exists() and not _ours(final):
-        shutil.rmtree(tmp)
         raise UsageError(
             f"--backup-dir {backup_dir}: {final.name} holds files that are not "
             "an mdtrain backup; nothing was overwritten: use another --backup-dir"
         )
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=_TMP, dir=root))
+    trainer.net.save_weights(tmp / NET_FILE)
+    seeds, optimizer = _rng_state(trainer.net), trainer.optimizer.variables
+    arrays = {f"seed_{i}": v.numpy() for i, v in enumerate(seeds)}
+    arrays |= {f"opt_{i}": v.numpy() for i, v in enumerate(optimizer)}
+    if metrics is not None:
+        arrays |= {f"metric_{i}": v for i, v in enumerate(metrics)} | {"num_metrics": len(metrics)}
+    np.savez(tmp / STATE_FILE, num_seeds=len(seeds), num_opt=len(optimizer), **arrays)
+    files = {name: _sha256(tmp / name) for name in (NET_FILE, STATE_FILE)}
+    manifest = dataclasses.asdict(point) | {"files": files}
+    del manifest["path"]  # the folder's name
+    # Written last: its presence means complete. All on disk before the rename.
+    (tmp / MANIFEST_FILE).write_text(json.dumps(manifest, indent=1))
+    for name in (NET_FILE, STATE_FILE, MANIFEST_FILE):
+        with open(tmp / name, "rb") as f:
+            os.fsync(f.fileno())
     if final.exists():  # the same position saved again (a resumed run): replace it
         shutil.rmtree(final)
     os.rename(tmp, final)
-    for old in _backups(root)[:-_KEEP]:
+    for old in _folders(root, _CKPT)[:-_KEEP]:
         shutil.rmtree(old, ignore_errors=True)
     return final
 
 
 def _ours(folder: Path) -> bool:
     """Whether mdtrain could have written `folder`: it holds nothing but a backup's files."""
-    return folder.is_dir() and {p.name for p in folder.iterdir()} <= {
-        NET_FILE, STATE_FILE, MANIFEST_FILE
-    }  # fmt: skip
+    return folder.is_dir() and {p.name for p in folder.iterdir()} <= _FILES
 
 
-def _own_folders(backup_dir: str | os.PathLike, name: re.Pattern) -> list[Path]:
-    """mdtrain's folders in `backup_dir` whose names match `name`, oldest first."""
+def _folders(backup_dir: str | os.PathLike, name: str) -> list[Path]:
+    """mdtrain's folders in `backup_dir` whose names match the pattern `name`, oldest first."""
     root = Path(backup_dir)
-    if not root.is_dir():
-        return []
-    return sorted(p for p in root.iterdir() if name.match(p.name) and _ours(p))
-
-
-def _backups(backup_dir: str | os.PathLike) -> list[Path]:
-    """mdtrain's complete or partial backups (`ckpt-*`), oldest first."""
-    return _own_folders(backup_dir, _CKPT)
-
-
-def _unfinished(backup_dir: str | os.PathLike) -> list[Path]:
-    """Saves a killed process left half-written (`mdtrain-tmp-*`)."""
-    return _own_folders(backup_dir, _TMP)
-
-
-def remove_unfinished(backup_dir: str | os.PathLike) -> list[str]:
-    """Deletes the saves a killed process left unfinished; returns their names."""
-    gone = _unfinished(backup_dir)
-    for path in gone:
-        shutil.rmtree(path, ignore_errors=True)
-    return [path.name for path in gone]
+    folders = root.iterdir() if root.is_dir() else ()
+    return sorted(p for p in folders if re.match(name, p.name) and _ours(p))
 
 
 def remove_backups(backup_dir: str | os.PathLike) -> None:
     """Deletes mdtrain's backups (and the folder if then empty) after a finished run."""
-    root = Path(backup_dir)
-    if not root.is_dir():
-        return
-    for p in [*_backups(root), *_unfinished(root)]:
-        shutil.rmtree(p, ignore_errors=True)
-    try:
-        root.rmdir()
-    except OSError:
-        pass  # other files are the user's
+    for path in [*_folders(backup_dir, _CKPT), *_folders(backup_dir, _TMP)]:
+        shutil.rmtree(path, ignore_errors=True)
+    with contextlib.suppress(OSError):  # other files are the user's
+        Path(backup_dir).rmdir()
 
 
 class Backup(keras.callbacks.Callback):
@@ -414,7 +327,10 @@ class Backup(keras.callbacks.Callback):
         self._epoch = 0
 
     def _save(self, epoch: int, step: int) -> None:
-        metrics = metric_state(self.model) if step else None  # on every worker: a collective
+        # Within an epoch, the metrics' sums and counts too. Under a strategy each is read
+        # summed over the replicas; under multi-worker training that read is a collective,
+        # so every worker reads them.
+        metrics = [v.numpy() for m in self.model.metrics for v in m.variables] if step else None
         if self.write:
             point = ResumePoint(epoch, step, self.phase, None, self.fingerprint, self.history)
             save(self.backup_dir, self.model, point, metrics)
@@ -422,7 +338,7 @@ class Backup(keras.callbacks.Callback):
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch = epoch
         if self.step_offset and self.resumed_from is not None:
-            if not restore_metrics(self.model, self.resumed_from) and self.write:
+            if not _restore_metrics(self.model, self.resumed_from) and self.write:
                 print(f"backup: {self.resumed_from.name} holds no training metrics (an older "
                       "mdtrain made it): this epoch's figures count the steps after the resume",
                       flush=True)  # fmt: skip

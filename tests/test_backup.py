@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -11,14 +12,9 @@ import textwrap
 import keras
 import pytest
 
-from mdtrain.backup import (
-    ResumePoint,
-    find_resume_point,
-    remove_backups,
-    remove_unfinished,
-    save,
-)
+from mdtrain.backup import remove_backups, resume_point, save
 from mdtrain.errors import UsageError
+from mdtrain.plan import ResumePoint
 
 BACKUP_FILES = ("net.weights.h5", "state.npz", "MANIFEST.json")
 
@@ -30,14 +26,37 @@ def _folder(path, *names: str):
     return path
 
 
-def test_interrupted_save_is_never_loaded(tmp_path):
+def test_interrupted_save_is_never_loaded(tmp_path, capsys):
     _folder(tmp_path / "mdtrain-tmp-abc", "net.weights.h5")  # killed half-way: never renamed
-    assert find_resume_point(tmp_path).path is None
-    assert remove_unfinished(tmp_path) == ["mdtrain-tmp-abc"]
-    assert not (tmp_path / "mdtrain-tmp-abc").exists()
+    _folder(tmp_path / "mdtrain-tmp-def", "net.weights.h5")
+    assert resume_point(tmp_path, chief=False).path is None  # a worker removes nothing
+    assert capsys.readouterr().out == ""
+    assert resume_point(tmp_path).path is None
+    assert capsys.readouterr().out.splitlines() == [
+        f"backup: removed mdtrain-tmp-{name}, a save that a killed process left unfinished"
+        for name in ("abc", "def")
+    ]
+    assert os.listdir(tmp_path) == []
     (tmp_path / "ckpt-00001-000000").mkdir()  # renamed into place, then damaged: an error
     with pytest.raises(UsageError, match="MANIFEST.json unreadable"):
-        find_resume_point(tmp_path)
+        resume_point(tmp_path)
+
+
+def test_a_backup_resumes_where_it_was_saved_and_only_under_the_same_settings(tmp_path, capsys):
+    trainer = _trainer()
+    for older in (ResumePoint(0, 9), ResumePoint(1, 0)):
+        save(tmp_path, trainer, older)
+    point = ResumePoint(2, 5, 1, None, {"seed": 1}, [{"loss": 1.5}])
+    folder = save(tmp_path, trainer, point)
+    assert sorted(os.listdir(tmp_path)) == ["ckpt-00001-000000", "ckpt-00002-000005"]  # 2 kept
+    assert sorted(os.listdir(folder)) == sorted(BACKUP_FILES)
+    assert resume_point(tmp_path, {"seed": 1}) == dataclasses.replace(point, path=folder)
+    assert capsys.readouterr().out == f"resuming from {folder} at epoch 3, step 6\n"
+    with pytest.raises(UsageError, match=r"other settings \(seed differ\)"):
+        resume_point(tmp_path, {"seed": 2})
+    (folder / "state.npz").write_bytes(b"x")
+    with pytest.raises(UsageError, match="state.npz fails its SHA-256 checksum"):
+        resume_point(tmp_path, {"seed": 1})
 
 
 def test_only_mdtrain_backups_are_ever_removed(tmp_path):
@@ -51,18 +70,22 @@ def test_only_mdtrain_backups_are_ever_removed(tmp_path):
         _folder(tmp_path / "mdtrain-tmp-x1", "net.weights.h5"),
         _folder(tmp_path / "ckpt-00002-000000", *BACKUP_FILES),
     ]
-    assert remove_unfinished(tmp_path) == ["mdtrain-tmp-x1"]
     remove_backups(tmp_path)
     assert all(folder.is_dir() for folder in users) and not any(p.exists() for p in ours)
     assert (tmp_path / "ckpt-00001-000000" / "my-notes.txt").exists()
 
 
-def test_a_save_never_replaces_a_folder_of_the_users(tmp_path):
+def _trainer():
     from mdtrain.loop import ExactTrainer, build_optimizer
 
     trainer = ExactTrainer(keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)]))
     trainer.compile(optimizer="sgd")
     build_optimizer(trainer)
+    return trainer
+
+
+def test_a_save_never_replaces_a_folder_of_the_users(tmp_path):
+    trainer = _trainer()
     _folder(tmp_path / "ckpt-00001-000000", "my-notes.txt")
     with pytest.raises(UsageError, match="not an mdtrain backup; nothing was overwritten"):
         save(tmp_path, trainer, ResumePoint(1, 0))
