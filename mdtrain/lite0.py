@@ -162,21 +162,6 @@ def _conv_bn(x, name: str, kernel: int, stride: int = 1, filters: int | None = N
     return layers.ReLU(6.0, name=name + "relu")(x) if relu else x
 
 
-def _block(x, index: int, filters_in: int, filters: int, kernel: int, stride: int, expand: int):
-    """Inverted residual block: 1×1 expand, depthwise k×k, 1×1 project, skip if shapes match."""
-    from keras import layers
-
-    name = f"block{index}_"
-    inputs = x
-    if expand != 1:
-        x = _conv_bn(x, name + "expand_", 1, filters=filters_in * expand)
-    x = _conv_bn(x, name + "dw_", kernel, stride)
-    x = _conv_bn(x, name + "project_", 1, filters=filters, relu=False)
-    if stride == 1 and filters_in == filters:
-        x = layers.Add(name=name + "add")([x, inputs])
-    return x
-
-
 def _base(image_size: int | None):
     """EfficientNet-Lite0 without its classifier, `"base"`: 0–255 images in, 1280 features out."""
     import keras
@@ -188,8 +173,14 @@ def _base(image_size: int | None):
     x = _conv_bn(x, "stem_", 3, 2, filters=STEM_FILTERS)
     filters_in, index = STEM_FILTERS, 0
     for repeats, kernel, stride, expand, filters in STAGES:
-        for r in range(repeats):
-            x = _block(x, index, filters_in, filters, kernel, stride if r == 0 else 1, expand)
+        for r in range(repeats):  # inverted residual: 1×1 expand, k×k depthwise, 1×1 project
+            name, block_input = f"block{index}_", x
+            if expand != 1:
+                x = _conv_bn(x, name + "expand_", 1, filters=filters_in * expand)
+            x = _conv_bn(x, name + "dw_", kernel, stride if r == 0 else 1)
+            x = _conv_bn(x, name + "project_", 1, filters=filters, relu=False)
+            if r > 0:  # a stage's first block changes the shape; the others add their input
+                x = layers.Add(name=name + "add")([x, block_input])
             filters_in, index = filters, index + 1
     x = _conv_bn(x, "head_", 1, filters=HEAD_FILTERS)
     x = layers.GlobalAveragePooling2D(name="avg_pool")(x)
