@@ -76,9 +76,6 @@ def load_weights_file(model: keras.Model, path: str, name: str) -> None:
     lines for `efficientnet-lite0`), after a warning for each ("Skipping
     variable loading ..."): the error's first line says what happened, and
     the warnings are passed on only if loading succeeds.
-
-    Raises:
-        UsageError: if the file is not a weights file of `model`.
     """
     with warnings.catch_warnings(record=True) as caught:
         try:

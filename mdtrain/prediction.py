@@ -64,15 +64,8 @@ def find_image_files(paths: list[str | os.PathLike]) -> list[str]:
     A file named explicitly is kept whatever its extension (the decoder goes
     by content, and reports what it cannot read); folders are searched
     recursively for `.jpg .jpeg .png .gif .bmp` files, hidden ones left out.
-
-    Args:
-        paths: files and folders.
-
-    Returns:
-        File paths in the order given, each folder's sorted.
-
-    Raises:
-        UsageError: if a path does not exist or nothing is found.
+    Paths come in the order given, each folder's sorted; a path that does
+    not exist, or finding nothing, is a UsageError.
     """
     files: list[str] = []
     for path in map(Path, paths):
