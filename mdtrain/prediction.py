@@ -21,12 +21,10 @@ import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from mdtrain.choices import LITE0
 from mdtrain.data import SkippedFile
 from mdtrain.errors import UsageError, bad_value
 from mdtrain.images import image_files
-
-#: Models that `model=NAME` can predict with: those with offline ImageNet weights.
-PRETRAINED = ("efficientnet-lite0",)
 
 
 @dataclass
@@ -64,15 +62,8 @@ def find_image_files(paths: list[str | os.PathLike]) -> list[str]:
     A file named explicitly is kept whatever its extension (the decoder goes
     by content, and reports what it cannot read); folders are searched
     recursively for `.jpg .jpeg .png .gif .bmp` files, hidden ones left out.
-
-    Args:
-        paths: files and folders.
-
-    Returns:
-        File paths in the order given, each folder's sorted.
-
-    Raises:
-        UsageError: if a path does not exist or nothing is found.
+    Paths come in the order given, each folder's sorted; a path that does
+    not exist, or finding nothing, is a UsageError.
     """
     files: list[str] = []
     for path in map(Path, paths):
@@ -121,13 +112,12 @@ def _load(model, model_file, weights: str, image_size: int | None):
             net = keras.models.load_model(model_file, compile=False)
         except Exception as e:  # Keras raises several types for a file it cannot read
             raise UsageError(f"--model-file {model_file}: not a Keras model file ({e})") from None
-        names, notes = _run_class_names(model_file, int(net.output_shape[-1]))
-        return net, names, notes
+        return net, *_run_class_names(model_file, int(net.output_shape[-1]))
     if not isinstance(model, str):  # a Keras model object (the API)
         return model, None, []
-    if model not in PRETRAINED:
+    if model != LITE0:
         raise UsageError(
-            f"--model {model}: only {', '.join(PRETRAINED)} has ImageNet weights offline; "
+            f"--model {model}: only {LITE0} has ImageNet weights offline; "
             "for a model you trained use --model-file RUN/model.keras"
         )
     if weights == "none":
@@ -153,8 +143,8 @@ def predict(
         paths: image files and folders (searched recursively).
         model_file: a saved `model.keras`; its class names come from the
             `report.json` beside it. Defaults to None.
-        model: instead of `model_file`, a model name from `PRETRAINED`
-            (with `weights`) or a Keras model object. Defaults to None.
+        model: instead of `model_file`, `"efficientnet-lite0"` (with
+            `weights`) or a Keras model object. Defaults to None.
         weights: weights of a named model: `"imagenet"` or a weights file.
             Defaults to `"imagenet"`.
         top: how many classes to list per image, best first. Defaults to 5.

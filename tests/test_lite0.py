@@ -202,8 +202,8 @@ def test_transfer_model_freezes_pretrained_base_only(imagenet):
     assert len(scratch.trainable_weights) > len(pretrained.trainable_weights)
 
 
-def test_imagenet_base_is_the_classifiers_features(imagenet):
-    base = lite0.imagenet_base(64)
+def test_offline_base_is_the_classifiers_features(imagenet):
+    base = lite0.offline_base(_failed_download(), 64)
     assert base.name == "efficientnet-lite0" and base.output_shape == (None, 1280)
     # 3.4 M; with the 1,000-class classifier 4.7 M, every float of the checkpoint
     assert base.count_params() == 3_413_024 == CHECKPOINT_PARAMETERS - (1280 * 1000 + 1000)

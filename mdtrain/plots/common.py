@@ -11,15 +11,22 @@ RIGHT_COLOR, WRONG_COLOR = "#2e7d32", "#c62828"
 DPI = 80  # keeps committed notebook images small
 
 
-def new_figure(figsize: tuple[float, float]) -> Figure:
-    """A new figure that pyplot does not keep: shown only where it is returned or displayed."""
-    fig = plt.figure(figsize=figsize, dpi=DPI)
+def new_figure(
+    figsize: tuple[float, float], title: str | None = None, layout: str | None = None
+) -> Figure:
+    """A new figure that pyplot does not keep: shown only where it is returned or displayed.
+
+    `title` is its suptitle; `layout` its layout engine (`"tight"`, `"constrained"`).
+    """
+    fig = plt.figure(figsize=figsize, dpi=DPI, layout=layout)
     plt.close(fig)  # otherwise Jupyter's inline backend shows it a second time
+    if title:
+        fig.suptitle(title, fontsize=11)
     return fig
 
 
-def as_image(image) -> np.ndarray:
-    """uint8 HWC array for imshow, from uint8 or float (0-1 or 0-255) input."""
+def show_image(ax, image, title: str | None = None, color: str | None = None) -> None:
+    """Draws uint8 or float (0-1 or 0-255) `image` without ticks, framed in `color` if given."""
     array = np.asarray(image)
     if array.dtype != np.uint8:
         array = array.astype(np.float32)
@@ -28,11 +35,6 @@ def as_image(image) -> np.ndarray:
         array = np.clip(np.round(array), 0, 255).astype(np.uint8)
     if array.ndim == 3 and array.shape[-1] == 1:
         array = array[..., 0]
-    return array
-
-
-def show_image(ax, image, title: str | None = None, color: str | None = None) -> None:
-    array = as_image(image)
     ax.imshow(array, cmap="gray" if array.ndim == 2 else None, vmin=0, vmax=255)
     ax.set_xticks([])
     ax.set_yticks([])
@@ -43,42 +45,24 @@ def show_image(ax, image, title: str | None = None, color: str | None = None) ->
         ax.spines[:].set(edgecolor=color, linewidth=3)
 
 
-def axes_grid(
-    n: int,
-    ncols: int,
-    cell: float = 1.3,
-    title: str | None = None,
-    rows: list[int] | None = None,
-    left: float = 0.0,
-):
-    """A figure of `n` image cells, `ncols` per row, with room for each cell's title.
+def axes_grid(n: int, ncols: int, cell=1.3, title=None, rows=None, left=0.0):
+    """A figure of `n` image cells of side `cell` inches, `ncols` per row; `(figure, axes)`.
 
-    Args:
-        n: number of cells.
-        ncols: cells per row.
-        cell: side of a cell in inches. Defaults to 1.3.
-        title: figure title. Defaults to None.
-        rows: cells in each row, when rows are not all full (`sum(rows) == n`);
-            the other cells of a row are removed. Defaults to None: full rows.
-        left: inches added at the left, for row labels. Defaults to 0.
-
-    Returns:
-        `(figure, axes)`: the axes in reading order, `n` of them.
+    `rows` gives the cells of each row when rows are not all full (`sum(rows) == n`);
+    `left` adds inches at the left, for row labels.
     """
     ncols = max(1, min(ncols, n) if rows is None else ncols)
     rows = rows if rows is not None else [min(ncols, n - i) for i in range(0, n, ncols)] or [0]
     # Constrained layout keeps each cell's title clear of the row above (tight_layout
     # does not once a suptitle is set); 0.25 in per row is the title's line.
-    fig = new_figure((cell * ncols + left, (cell + 0.25) * len(rows) + (0.35 if title else 0)))
-    fig.set_layout_engine("constrained")
+    size = (cell * ncols + left, (cell + 0.25) * len(rows) + (0.35 if title else 0))
+    fig = new_figure(size, title, "constrained")
     grid = fig.subplots(len(rows), ncols, squeeze=False)
     axes = []
     for row, used in zip(grid, rows, strict=True):
         axes += list(row[:used])
         for ax in row[used:]:
             ax.remove()
-    if title:
-        fig.suptitle(title, fontsize=11)
     return fig, axes
 
 
@@ -91,14 +75,8 @@ def tab10_colors(n: int) -> list:
 def grouped_bars(ax, groups, fmt: str = "%g", fontsize: float = 8, errors=None) -> None:
     """Bars side by side at each x position, one colour per group, each labelled with its value.
 
-    Args:
-        ax: the axes to draw on.
-        groups: group label -> one height per x position (0, 1, ...). An
-            empty label leaves the group out of the legend.
-        fmt: the bar labels' format. Defaults to `"%g"`.
-        fontsize: the bar labels' size. Defaults to 8.
-        errors: group label -> its whiskers, as `Axes.bar`'s `yerr` takes
-            them. Defaults to None (no whiskers).
+    `groups` maps a legend label (empty: none) to one height per x position;
+    `errors` maps a label to its whiskers, as `Axes.bar`'s `yerr` takes them.
     """
     width = 0.8 / max(1, len(groups))
     colors = tab10_colors(len(groups))

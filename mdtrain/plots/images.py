@@ -70,7 +70,6 @@ def image_grid(
         color = None if marks is None else (RIGHT_COLOR if marks[i] else WRONG_COLOR)
         text = class_names[names[i]] if (rows is None or predicted is not None) else None
         show_image(ax, images[i], text, color)
-    for ax, i in zip(axes, order, strict=True):
         if rows is not None and ax.get_subplotspec().is_first_col():
             ax.set_ylabel(class_names[labels[i]], rotation=0, ha="right", va="center", fontsize=9)
     return fig
@@ -116,19 +115,13 @@ def augmentation_grid(original, augmented_list, title: str | None = None, ncols:
     return fig
 
 
-def side_by_side_augmentations(
-    original,
-    ours,
-    idg,
-    titles: tuple[str, str] = ("mdtrain.augment_batch", "ImageDataGenerator"),
-) -> Figure:
+def side_by_side_augmentations(original, ours, idg) -> Figure:
     """Two grids of augmentations of one image, side by side, to compare two pipelines.
 
     Args:
         original: the source image (shown small above the grids).
-        ours: 12 augmented versions from one pipeline (drawn 3 x 4).
-        idg: 12 augmented versions from the other (drawn 3 x 4).
-        titles: the two grids' titles. Defaults to mdtrain's and IDG's.
+        ours: 12 augmented versions from `mdtrain.augment_batch` (drawn 3 x 4).
+        idg: 12 augmented versions from ImageDataGenerator (drawn 3 x 4).
 
     Returns:
         The figure: 1 + len(ours) + len(idg) image axes.
@@ -136,20 +129,12 @@ def side_by_side_augmentations(
     ours, idg = list(ours), list(idg)
     rows = max(1, -(-max(len(ours), len(idg)) // 4))
     fig = new_figure((7.2, 0.9 * rows + 1.2))
-    outer = fig.add_gridspec(
-        2,
-        2,
-        height_ratios=[0.9, 0.9 * rows],
-        wspace=0.06,
-        hspace=0.18,
-        left=0.01,
-        right=0.99,
-        top=0.94,
-        bottom=0.01,
-    )
+    fig.subplots_adjust(left=0.01, right=0.99, top=0.94, bottom=0.01)
+    outer = fig.add_gridspec(2, 2, height_ratios=[0.9, 0.9 * rows], wspace=0.06, hspace=0.18)
     ax = fig.add_subplot(outer[0, :])
     show_image(ax, original, "original", "black")
     ax.set_anchor("C")
+    titles = ("mdtrain.augment_batch", "ImageDataGenerator")
     for column, (images, title) in enumerate(zip((ours, idg), titles, strict=True)):
         inner = outer[1, column].subgridspec(rows, 4, wspace=0.05, hspace=0.05)
         for i, image in enumerate(images):

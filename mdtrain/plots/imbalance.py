@@ -11,12 +11,11 @@ from matplotlib.figure import Figure
 from mdtrain.plots.common import grouped_bars, new_figure, tab10_colors
 
 
-def class_counts_bar(counts: Mapping, title: str = "Images per class") -> Figure:
+def class_counts_bar(counts: Mapping) -> Figure:
     """Bar chart of examples per class, one group of bars per split if given.
 
     Args:
         counts: `{class: n}`, or `{split: {class: n}}` (e.g. `CheckReport.counts`).
-        title: axes title. Defaults to "Images per class".
 
     Returns:
         The figure: one bar per (split, class), each labelled with its count.
@@ -25,9 +24,7 @@ def class_counts_bar(counts: Mapping, title: str = "Images per class") -> Figure
         splits = {str(k): dict(v) for k, v in counts.items()}
     else:
         splits = {"": dict(counts)}
-    class_names: list[str] = []
-    for per_class in splits.values():
-        class_names += [c for c in per_class if c not in class_names]
+    class_names = list(dict.fromkeys(c for per_class in splits.values() for c in per_class))
     fig = new_figure((max(4.0, 0.9 * len(class_names) + 1.5), 3.0))
     ax = fig.subplots()
     grouped_bars(
@@ -35,7 +32,7 @@ def class_counts_bar(counts: Mapping, title: str = "Images per class") -> Figure
     )
     ax.set_xticks(range(len(class_names)), class_names, rotation=30 if len(class_names) > 6 else 0)
     ax.set_ylabel("images")
-    ax.set_title(title, fontsize=11)
+    ax.set_title("Images per class", fontsize=11)
     ax.margins(y=0.15)
     if len(splits) > 1:
         ax.legend(fontsize=8)
@@ -63,7 +60,7 @@ def replica_class_counts_plot(
     """
     counts = np.asarray(counts)
     steps, replicas, k = counts.shape
-    fig = new_figure((2.9 * replicas + 1.4, 2.5))
+    fig = new_figure((2.9 * replicas + 1.4, 2.5), title)
     axes = np.atleast_1d(fig.subplots(1, replicas, sharey=True))
     colors = tab10_colors(k)
     for r, ax in enumerate(axes):
@@ -78,8 +75,6 @@ def replica_class_counts_plot(
         ax.spines[["top", "right"]].set_visible(False)
     axes[0].set_ylabel("examples")
     axes[-1].legend(fontsize=8, loc="center left", bbox_to_anchor=(1.0, 0.5))
-    if title:
-        fig.suptitle(title, fontsize=11)
     fig.tight_layout()
     return fig
 

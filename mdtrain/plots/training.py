@@ -32,7 +32,7 @@ def history_curves(
         The figure: two axes (loss, accuracy), one line per available series.
     """
     history = history_rows(history)
-    fig = new_figure((8.5, 3.0))
+    fig = new_figure((8.5, 3.0), title)
     axes = fig.subplots(1, 2)
     for ax, metric in zip(axes, ("loss", "accuracy"), strict=True):
         curves = {}
@@ -45,8 +45,6 @@ def history_curves(
     _accuracy_axis(axes[1], 1 / num_classes if num_classes else None)
     for ax in axes:
         ax.legend(fontsize=8)
-    if title:
-        fig.suptitle(title, fontsize=11)
     fig.tight_layout()
     return fig
 
@@ -75,17 +73,15 @@ def _accuracy_axis(ax, chance: float | None) -> None:
 def accuracy_comparison(
     runs: Mapping[str, Sequence[Mapping[str, float]]],
     chance: float | None = None,
-    metric: str = "val_accuracy",
     boundary: int | None = None,
     title: str | None = None,
 ) -> Figure:
-    """One accuracy curve per run on one axis from 0 to 1, with the chance level.
+    """One validation accuracy curve per run on one axis from 0 to 1, with the chance level.
 
     Args:
         runs: run label → its history (one dict per epoch, `TrainResult.history`).
         chance: accuracy of guessing (1 / number of classes), drawn as a dotted
             line. Defaults to None (no line).
-        metric: the history key to draw. Defaults to `"val_accuracy"`.
         boundary: draw a dashed line after this many epochs (e.g. where
             fine-tuning starts). Defaults to None.
         title: axis title. Defaults to None.
@@ -101,7 +97,7 @@ def accuracy_comparison(
     fig = new_figure((6.0, 3.2))
     ax = fig.subplots()
     curves = {
-        label: [float(epoch.get(metric, np.nan)) for epoch in history]
+        label: [float(epoch.get("val_accuracy", np.nan)) for epoch in history]
         for label, history in runs.items()
     }
     longest = _epoch_curves(ax, curves, [f"-{marker}" for marker in "osD^v"])
@@ -109,7 +105,7 @@ def accuracy_comparison(
     if boundary is not None:
         ax.axvline(boundary + 0.5, color="gray", linestyle="--", linewidth=1)
     ax.set_xlim(0.5, longest + 0.5)
-    ax.set_ylabel(metric.replace("_", " "))
+    ax.set_ylabel("val accuracy")
     ax.legend(fontsize=8, loc="best")
     if title:
         ax.set_title(title, fontsize=10)
