@@ -31,10 +31,6 @@ _GRACE_S = 5.0  # between SIGTERM and SIGKILL: long enough to flush logs, short 
 POLL_S = 0.1
 
 
-class _Terminated(Exception):  # raised in the main thread when the launcher gets SIGTERM
-    pass
-
-
 def exit_status(returncode: int) -> int:
     """A `Popen.returncode` as a shell reports it: killed by signal N is 128 + N."""
     return 128 - returncode if returncode < 0 else returncode
@@ -64,10 +60,6 @@ def _signal_groups(procs: list[subprocess.Popen], sig: int) -> None:
             os.killpg(proc.pid, sig)
 
 
-def _raise_terminated(signum, frame) -> None:  # the SIGTERM handler while a job runs
-    raise _Terminated
-
-
 # TensorFlow's C++ runtime logs in glog's format ("E0000 00:00:1795393443.609882  30925
 # base_collective_executor.cc:252] ..."), absl announces where it logs, and gRPC
 # continues some errors on lines of their own. A task that loses a peer (a crash drill,
@@ -80,12 +72,10 @@ _RUNTIME_LOG = re.compile(
 
 
 class Job:
-    """One launch: its log folder, shared stream and environment, each worker's GPUs, and the
-    processes of its current attempt, each in its own process group with its own log file.
+    """One launch: its log folder, stream and environment, each worker's GPUs, and its tasks.
 
-    One pump thread per task copies its output to the log and, prefixed with the
-    task's label and without TensorFlow's runtime log lines, to the job's stream;
-    `last_output` is when any task last printed. The options are `run_workers`'.
+    The tasks are those of the current attempt; `last_output` is when any of
+    them last printed. The options are `run_workers`'.
     """
 
     def __init__(
@@ -229,13 +219,13 @@ class Job:
 
         With `noun` ("workers") it says what it stops.
         """
-        # SIGTERM (from kill, Slurm, docker stop) must stop the tasks too, not just end us;
-        # only the main thread may set the handler.
+        # SIGTERM (from kill, Slurm, docker stop) must stop the tasks too, not just end us:
+        # its handler raises SystemExit in the main thread, the only one that may set it.
         main = threading.current_thread() is threading.main_thread()
-        previous = signal.signal(signal.SIGTERM, _raise_terminated) if main else None
+        previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143)) if main else None
         try:
             return body()
-        except (KeyboardInterrupt, _Terminated) as stopped:
+        except (KeyboardInterrupt, SystemExit) as stopped:
             ctrl_c = isinstance(stopped, KeyboardInterrupt)
             if noun:
                 self.say(f"{'interrupted' if ctrl_c else 'terminated'}; stopping all {noun}")

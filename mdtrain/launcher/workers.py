@@ -146,24 +146,21 @@ def run_workers(
     if hang_timeout_s is not None:  # the chief's training shows life at least this often
         job.env["MDTRAIN_HEARTBEAT_S"] = f"{hang_timeout_s / 4:g}"  # mdtrain.heartbeat
 
-    def start(attempt: int) -> None:
-        addresses = free_addresses(num_workers, host)  # fresh ones for every attempt
-        job.say(f"attempt {attempt}: " + " ".join(addresses))
-        job.new_attempt()
-        header = f"=== attempt {attempt} ({time.strftime('%Y-%m-%d %H:%M:%S')}) ===\n"
-        for i in range(num_workers):
-            worker_env = dict(job.env, TF_CONFIG=json.dumps(tf_config(addresses, i)))
-            worker_env.update(MDTRAIN_WORKER_INDEX=str(i), MDTRAIN_ATTEMPT=str(attempt))
-            if job.gpus is not None:  # this worker's own GPUs
-                worker_env["CUDA_VISIBLE_DEVICES"] = job.gpus[i]
-            job.spawn(command, worker_env, f"worker {i}", header)
-        job.start_pumps()
-
     def attempts() -> int:
         attempt, status = 0, None
         while status is None:  # None: restart; the last attempt always has a status
             attempt += 1
-            start(attempt)
+            addresses = free_addresses(num_workers, host)  # fresh ones for every attempt
+            job.say(f"attempt {attempt}: " + " ".join(addresses))
+            job.new_attempt()
+            header = f"=== attempt {attempt} ({time.strftime('%Y-%m-%d %H:%M:%S')}) ===\n"
+            for i in range(num_workers):
+                worker_env = dict(job.env, TF_CONFIG=json.dumps(tf_config(addresses, i)))
+                worker_env.update(MDTRAIN_WORKER_INDEX=str(i), MDTRAIN_ATTEMPT=str(attempt))
+                if job.gpus is not None:  # this worker's own GPUs
+                    worker_env["CUDA_VISIBLE_DEVICES"] = job.gpus[i]
+                job.spawn(command, worker_env, f"worker {i}", header)
+            job.start_pumps()
             status = _watch(job, attempt, restarts)
             job.join()
         return status
