@@ -35,14 +35,11 @@ def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
         3
     """
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sockets = [socket.socket(family, socket.SOCK_STREAM) for _ in range(n)]
-    try:
+    with contextlib.ExitStack() as held:  # every socket closes on the way out
+        sockets = [held.enter_context(socket.socket(family)) for _ in range(n)]
         for sock in sockets:
             sock.bind((host, 0))
         return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
 
 
 def tf_config(worker_addresses: list[str], index: int) -> dict:
