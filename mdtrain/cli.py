@@ -15,10 +15,8 @@ import os
 import sys
 from collections.abc import Sequence
 
-from mdtrain.errors import UsageError
+from mdtrain.errors import USAGE_EXIT_CODE, UsageError
 from mdtrain.tf_import import import_tensorflow
-
-USAGE_EXIT = 2
 
 
 class _Help(argparse.ArgumentDefaultsHelpFormatter):
@@ -236,14 +234,23 @@ def _run_data(args) -> int:
     return 0
 
 
-def _run_train(args) -> int:
+def run_train(args: argparse.Namespace, callbacks: list | None = None) -> int:
+    """`mdtrain train`: one `train(config)` of the parsed options; also a ps chief's run.
+
+    Args:
+        args: `build_parser()`'s options of the `train` command.
+        callbacks: Keras callbacks for `train`. Defaults to None.
+
+    Returns:
+        0 (bad input raises `UsageError`).
+    """
     from mdtrain.training import TrainConfig, train
 
     options = {k: v for k, v in vars(args).items() if k not in ("command", "json")}
     config = TrainConfig(**options)
     config.validate()
     import_tensorflow()
-    result = train(config)
+    result = train(config, callbacks)
     if args.json and result.is_chief:  # one summary per job, not one per worker
         print(json.dumps(result.summary()), flush=True)
     return 0
@@ -288,7 +295,7 @@ def _run_predict(args) -> int:
 
 _COMMANDS = {
     "data": _run_data,
-    "train": _run_train,
+    "train": run_train,
     "launch": _run_launch,
     "predict": _run_predict,
 }
@@ -309,7 +316,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _COMMANDS[args.command](args)
     except UsageError as e:
         print(f"mdtrain: error: {e.as_option()}", file=sys.stderr)
-        return USAGE_EXIT
+        return USAGE_EXIT_CODE
     except ModuleNotFoundError as e:
         if e.name and e.name.split(".")[0] in ("tensorflow", "keras"):
             print(
@@ -317,7 +324,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "mdtrain[gpu] (on Kaggle/Colab it is already there)",
                 file=sys.stderr,
             )
-            return USAGE_EXIT
+            return USAGE_EXIT_CODE
         raise
     except KeyboardInterrupt:
         print("mdtrain: interrupted", file=sys.stderr)

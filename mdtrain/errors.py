@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+USAGE_EXIT_CODE = 2  # bad input, as argparse exits: never worth a restart
+
 
 class UsageError(ValueError):
     """Bad input from the user: the CLI prints the message on one line and exits 2.

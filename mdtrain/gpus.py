@@ -7,8 +7,8 @@ launcher's own `CUDA_VISIBLE_DEVICES` when set, else NVML (the driver's
 library, which `nvidia-smi` reads too), else none. `worker_devices` is the
 choice a notebook makes for N local workers on whatever machine it runs: each
 worker its share of the GPUs, or, with fewer GPUs than workers, every worker
-on the CPU; `share_gpus` is what `mdtrain launch` sets, the same choice unless
-`--gpus-per-worker` asks for another.
+on the CPU; `mdtrain launch` sets the same, unless `--gpus-per-worker` asks
+for another.
 """
 
 from __future__ import annotations
@@ -62,16 +62,6 @@ def _count_with_nvml() -> int:
         return 0
 
 
-def _split(gpus: Sequence[str], num_workers: int, per_worker: int) -> list[str]:
-    """Worker `i` gets `gpus[i*K:(i+1)*K]`, comma-separated: consecutive and disjoint."""
-    return [",".join(gpus[i * per_worker : (i + 1) * per_worker]) for i in range(num_workers)]
-
-
-def _check_workers(num_workers: int) -> None:
-    if num_workers < 1:
-        raise UsageError(f"--workers {num_workers}: pass 1 or more workers")
-
-
 @dataclasses.dataclass(frozen=True)
 class WorkerDevices:
     """Where each of `num_workers` local workers trains; see `worker_devices`.
@@ -111,7 +101,9 @@ class WorkerDevices:
         )
 
 
-def worker_devices(num_workers: int, gpus: Sequence[str] | None = None) -> WorkerDevices:
+def worker_devices(
+    num_workers: int, gpus: Sequence[str] | None = None, gpus_per_worker: int | None = None
+) -> WorkerDevices:
     """Chooses the devices of `num_workers` local workers: GPUs if each can have one, else CPUs.
 
     With at least one GPU per worker, each worker gets `len(gpus) // num_workers`
@@ -120,79 +112,45 @@ def worker_devices(num_workers: int, gpus: Sequence[str] | None = None) -> Worke
     than two processes fighting over one GPU's memory; and without a GPU they
     run on the CPU anyway. Pass `gpus_per_worker` and
     `cuda_visible_devices` on to every run that is to be compared, so that
-    like is compared with like.
+    like is compared with like. `mdtrain launch` makes the same choice, unless
+    `--gpus-per-worker` asks for another.
 
     Args:
         num_workers: How many workers. Must be at least 1.
         gpus: The GPUs to share out. Defaults to `None`: `visible_gpus()`.
+        gpus_per_worker: GPUs of each worker, K: worker `i` gets
+            `gpus[i*K:(i+1)*K]`, GPUs left over are not used; `0` puts every
+            worker on the CPU. Defaults to `None`: the choice above.
 
     Returns:
         A `WorkerDevices`.
-
-    Raises:
-        UsageError: If `num_workers < 1`.
-
-    Example:
-        >>> worker_devices(2, ["0", "1"]).cuda_visible_devices
-        ('0', '1')
-        >>> worker_devices(2, ["0"]).gpus_per_worker
-        0
-    """
-    gpus = tuple(visible_gpus() if gpus is None else gpus)
-    _check_workers(num_workers)
-    per_worker = len(gpus) // num_workers  # 0 with fewer GPUs than workers: the CPU
-    shares = _split(gpus, num_workers, per_worker)
-    return WorkerDevices(num_workers, gpus, per_worker, tuple(shares))
-
-
-def share_gpus(
-    gpus: Sequence[str], num_workers: int, gpus_per_worker: int | None = None
-) -> tuple[list[str] | None, str | None]:
-    """Each launched worker's `CUDA_VISIBLE_DEVICES`, and a line when it chose the CPU.
-
-    What `mdtrain launch` does, with or without parameter servers. Without
-    `gpus_per_worker` it makes `worker_devices`' choice: the GPUs split
-    evenly, or, with fewer GPUs than workers (2 workers on Colab's one GPU),
-    every worker on the CPU, and a line that says so; two processes that
-    each take all of one GPU's memory would fail. With `gpus_per_worker` K,
-    worker `i` gets `gpus[i*K:(i+1)*K]`; `0` hides every GPU (the CPU).
-
-    Args:
-        gpus: The visible GPUs (`visible_gpus`).
-        num_workers: Workers, at least 1.
-        gpus_per_worker: GPUs of each worker. Defaults to `None`: an even split.
-
-    Returns:
-        `(assignment, note)`: one comma-separated string per worker,
-        consecutive and disjoint (GPUs left over are not used), or `None` on
-        a machine without GPUs and no `gpus_per_worker`: the workers keep the
-        launcher's environment; and the line to print when the workers were
-        put on the CPU, else `None`.
 
     Raises:
         UsageError: If `num_workers < 1`, `gpus_per_worker` is negative, or
             it asks for more GPUs than there are.
 
     Example:
-        >>> share_gpus(["0", "1", "2", "3"], 2)
-        (['0,1', '2,3'], None)
-        >>> share_gpus(["0"], 2)
-        (['', ''], '1 GPU for 2 workers: the workers run on the CPU, 1 replica each (a GPU serves one worker process); 2 replicas in all')
-    """  # noqa: E501
-    _check_workers(num_workers)
+        >>> worker_devices(2, ["0", "1"]).cuda_visible_devices
+        ('0', '1')
+        >>> worker_devices(2, ["0"]).gpus_per_worker
+        0
+        >>> worker_devices(2, ["0", "1", "2", "3"], 1).cuda_visible_devices
+        ('0', '1')
+    """
+    gpus = tuple(visible_gpus() if gpus is None else gpus)
+    if num_workers < 1:
+        raise UsageError(f"--workers {num_workers}: pass 1 or more workers")
     if gpus_per_worker is None:
-        if not gpus:
-            return None, None
-        devices = worker_devices(num_workers, gpus)
-        note = None if devices.gpus_per_worker else devices.describe()
-        return list(devices.cuda_visible_devices), note
-    if gpus_per_worker < 0:
+        gpus_per_worker = len(gpus) // num_workers  # 0 with fewer GPUs than workers: the CPU
+    elif gpus_per_worker < 0:
         raise UsageError(f"--gpus-per-worker {gpus_per_worker}: pass 0 or more")
-    needed = gpus_per_worker * num_workers
-    if needed > len(gpus):
+    elif gpus_per_worker * num_workers > len(gpus):
         there = {0: "no GPU is", 1: "1 GPU is"}.get(len(gpus), f"{len(gpus)} GPUs are")
         raise UsageError(
-            f"--gpus-per-worker {gpus_per_worker} with {num_workers} workers needs {needed} "
-            f"GPUs but {there} visible: pass fewer workers or GPUs per worker"
+            f"--gpus-per-worker {gpus_per_worker} with {num_workers} workers needs "
+            f"{gpus_per_worker * num_workers} GPUs but {there} visible: pass fewer workers or "
+            "GPUs per worker"
         )
-    return _split(gpus, num_workers, gpus_per_worker), None
+    k = gpus_per_worker  # consecutive and disjoint
+    shares = tuple(",".join(gpus[i * k : (i + 1) * k]) for i in range(num_workers))
+    return WorkerDevices(num_workers, gpus, gpus_per_worker, shares)

@@ -61,13 +61,6 @@ def stderr_without(noise: re.Pattern) -> Iterator[None]:
                 print("\n".join(kept), file=sys.stderr, flush=True)
 
 
-def _quiet_wanted() -> bool:
-    try:
-        return int(os.environ.get("TF_CPP_MIN_LOG_LEVEL", "0")) >= 1
-    except ValueError:
-        return False
-
-
 def import_tensorflow() -> None:
     """Imports TensorFlow once, dropping its start-up INFO lines from stderr.
 
@@ -78,9 +71,11 @@ def import_tensorflow() -> None:
     Raises:
         ModuleNotFoundError: if TensorFlow is not installed.
     """
-    if "tensorflow" in sys.modules or not _quiet_wanted():
-        import tensorflow  # noqa: F401
-
+    if "tensorflow" in sys.modules:
         return
-    with stderr_without(_STARTUP_NOISE):
+    try:
+        quiet = int(os.environ.get("TF_CPP_MIN_LOG_LEVEL", "0")) >= 1
+    except ValueError:
+        quiet = False
+    with stderr_without(_STARTUP_NOISE) if quiet else contextlib.nullcontext():
         import tensorflow  # noqa: F401

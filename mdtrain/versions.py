@@ -30,10 +30,6 @@ def _minor(version: str) -> tuple[int, int]:
     return int(major), int("".join(c for c in minor if c.isdigit()) or 0)
 
 
-def _text(version: tuple[int, int]) -> str:
-    return ".".join(map(str, version))
-
-
 def check_versions() -> bool:
     """Prints one line when this environment's TensorFlow or Keras is outside the tested range.
 
@@ -54,7 +50,8 @@ def check_versions() -> bool:
         version = _installed(name)
         if version and not oldest <= _minor(version) <= newest:
             label = "Keras" if name == "keras" else "TensorFlow"
-            untested.append(f"{label} {version} (tested: {_text(oldest)} to {_text(newest)})")
+            tested = "{}.{} to {}.{}".format(*oldest, *newest)
+            untested.append(f"{label} {version} (tested: {tested})")
     if untested:
         print(f"Note: mdtrain is not tested with {' and '.join(untested)}.")
     return not untested

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from mdtrain.errors import UsageError
-from mdtrain.gpus import share_gpus
+from mdtrain.gpus import worker_devices
 from mdtrain.monitor import NvmlReader, Sampler
 from mdtrain.precision import MODES, choose_policy
 
@@ -283,7 +283,7 @@ def test_reader_shows_the_gpus_cuda_shows(nvml, monkeypatch, visible, names):
 
 def test_each_launched_worker_monitors_its_own_gpu(nvml, monkeypatch):
     nvml()
-    for index, visible in enumerate(share_gpus(["0", "1"], 2)[0]):  # what `mdtrain launch` sets
+    for index, visible in enumerate(worker_devices(2, ["0", "1"]).cuda_visible_devices):
         monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
         reader = NvmlReader()
         assert reader.names == [f"GPU {index} (Tesla T4)"]

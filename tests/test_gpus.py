@@ -10,7 +10,7 @@ import types
 import pytest
 
 from mdtrain.errors import UsageError
-from mdtrain.gpus import share_gpus, visible_gpus, worker_devices
+from mdtrain.gpus import visible_gpus, worker_devices
 
 
 def fake_nvml(monkeypatch, count: int) -> list[str]:
@@ -62,28 +62,21 @@ def test_no_pynvml_means_no_gpu(monkeypatch):
 @pytest.mark.parametrize(
     ("gpus", "workers", "per_worker", "expected"),
     [
-        (["0", "1"], 2, None, ["0", "1"]),  # Kaggle 2×T4, 2 workers: one T4 each
-        (["0", "1", "2", "3"], 2, None, ["0,1", "2,3"]),
-        (["0", "1", "2", "3"], 3, None, ["0", "1", "2"]),  # G/N rounded down, one left over
-        (["0", "1", "2", "3"], 2, 1, ["0", "1"]),
-        (["4", "5", "6", "7"], 2, 2, ["4,5", "6,7"]),  # the launcher's own subset
-        (["0", "1"], 2, 0, ["", ""]),  # --gpus-per-worker 0: the workers on the CPU
-        ([], 3, 0, ["", "", ""]),
-        ([], 2, None, None),  # a CPU machine: the environment is left alone
+        (["0", "1"], 2, None, ("0", "1")),  # Kaggle 2×T4, 2 workers: one T4 each
+        (["0", "1", "2", "3"], 2, None, ("0,1", "2,3")),
+        (["0", "1", "2", "3"], 3, None, ("0", "1", "2")),  # G/N rounded down, one left over
+        (["0", "1", "2", "3"], 2, 1, ("0", "1")),
+        (["4", "5", "6", "7"], 2, 2, ("4,5", "6,7")),  # the launcher's own subset
+        (["0", "1"], 2, 0, ("", "")),  # --gpus-per-worker 0: the workers on the CPU
+        ([], 3, 0, ("", "", "")),
     ],
 )
-def test_share_gpus(gpus, workers, per_worker, expected):
-    assert share_gpus(gpus, workers, per_worker) == (expected, None)
-
-
-def test_fewer_gpus_than_workers_puts_them_on_the_cpu_and_says_so():
-    shares, note = share_gpus(["0"], 2)  # Colab's one GPU, 2 workers
-    assert shares == ["", ""]
-    assert note.startswith("1 GPU for 2 workers: the workers run on the CPU")
+def test_gpus_per_worker(gpus, workers, per_worker, expected):
+    assert worker_devices(workers, gpus, per_worker).cuda_visible_devices == expected
 
 
 def test_every_gpu_goes_to_one_worker_at_most():
-    shares, _ = share_gpus([str(i) for i in range(8)], 3, 2)
+    shares = worker_devices(3, [str(i) for i in range(8)], 2).cuda_visible_devices
     used = [g for share in shares for g in share.split(",")]
     assert len(used) == len(set(used)) == 6
 
@@ -99,7 +92,7 @@ def test_every_gpu_goes_to_one_worker_at_most():
 )
 def test_too_few_gpus_is_one_line(gpus, workers, per_worker, message):
     with pytest.raises(UsageError) as caught:
-        share_gpus(gpus, workers, per_worker)
+        worker_devices(workers, gpus, per_worker)
     assert message in str(caught.value)
     assert "\n" not in str(caught.value)
 

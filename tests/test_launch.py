@@ -416,6 +416,20 @@ def test_kaggle_two_t4s_give_each_of_two_workers_one(tmp_path, monkeypatch):
     assert "[worker 0] sees 0\n" in out and "[worker 1] sees 1\n" in out, out
 
 
+def test_a_machine_without_gpus_leaves_the_workers_environment_alone(tmp_path, monkeypatch):
+    from tests.test_gpus import fake_nvml
+
+    fake_nvml(monkeypatch, 0)
+    env = _env()
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    show = [sys.executable, "-c", "import os; print('sees', os.getenv('CUDA_VISIBLE_DEVICES'))"]
+    stream = io.StringIO()
+    assert run_workers(show, 2, log_dir=tmp_path / "logs", env=env, stream=stream) == 0
+    out = stream.getvalue()
+    assert "[worker 0] sees None\n" in out and "[worker 1] sees None\n" in out, out
+    assert "CUDA_VISIBLE_DEVICES" not in out and "on the CPU" not in out, out
+
+
 def test_too_few_gpus_is_one_line_and_exit_2(tmp_path):
     env = _env(CUDA_VISIBLE_DEVICES="0,1")
     done = subprocess.run(
@@ -453,24 +467,11 @@ ROLE_TASK = [
 
 def _run_roles(tmp_path, workers=2, ps=1, **env):
     stream = io.StringIO()
-    code = launch_mod.run_ps_cluster(
+    code = launch_mod.jobs._run_ps_cluster(
         ROLE_TASK, ROLE_TASK, workers, ps, log_dir=tmp_path / "logs",
         env=_env(**env), stream=stream, hang_timeout_s=30,
     )  # fmt: skip
     return code, stream.getvalue()
-
-
-def test_cluster_tf_config_roles():
-    cluster = launch_mod.ps_cluster(2, 1)
-    assert [len(cluster[r]) for r in ("chief", "worker", "ps")] == [1, 2, 1]
-    assert len({a for addresses in cluster.values() for a in addresses}) == 4
-    assert all(a.startswith("127.0.0.1:") for addresses in cluster.values() for a in addresses)
-    config = launch_mod.cluster_tf_config(cluster, "ps", 0)
-    assert config == {"cluster": cluster, "task": {"type": "ps", "index": 0}}
-    with pytest.raises(UsageError):
-        launch_mod.cluster_tf_config(cluster, "worker", 2)
-    with pytest.raises(UsageError, match="at least 1"):
-        launch_mod.run_ps_cluster(ROLE_TASK, ROLE_TASK, 0, 1)
 
 
 def test_ps_job_gives_every_role_its_tf_config_and_ends_with_the_chief(tmp_path):
@@ -479,6 +480,10 @@ def test_ps_job_gives_every_role_its_tf_config_and_ends_with_the_chief(tmp_path)
     assert code == 7, out
     clusters = {m.group(2) for m in re.finditer(r"\] (\w+=\d) cluster=(.*)", out)}
     assert len(clusters) == 1, out  # one cluster, seen by every task
+    cluster = json.loads(clusters.pop())
+    assert [len(cluster[r]) for r in ("chief", "worker", "ps")] == [1, 2, 1]
+    addresses = [a for role in cluster.values() for a in role]
+    assert len(set(addresses)) == 4 and all(a.startswith("127.0.0.1:") for a in addresses)
     for label, task in (("ps 0", "ps=0"), ("worker 0", "worker=0"), ("worker 1", "worker=1"),
                         ("chief", "chief=0")):  # fmt: skip
         assert f"[{label}] {task} cluster=" in out, out
@@ -517,7 +522,7 @@ def test_ps_job_on_two_gpus_gives_each_worker_one(tmp_path):
 
 def test_launch_ps_command_and_bad_input(monkeypatch):
     seen = []
-    monkeypatch.setattr(launch_mod.jobs, "run_ps_cluster", lambda *a, **kw: seen.append(a) or 0)
+    monkeypatch.setattr(launch_mod.jobs, "_run_ps_cluster", lambda *a, **kw: seen.append(a) or 0)
     assert launch(2, ["--epochs", "1", "--strategy", "ps"], num_ps=1) == 0
     chief, server, workers, ps = seen[0]
     assert chief == [sys.executable, "-m", "mdtrain.ps", "chief", "--epochs", "1"]
@@ -526,6 +531,9 @@ def test_launch_ps_command_and_bad_input(monkeypatch):
         launch(2, ["--strategy", "mirrored"], num_ps=1)
     with pytest.raises(UsageError, match="--restarts"):
         launch(2, [], num_ps=1, restarts=1)
+    monkeypatch.undo()
+    with pytest.raises(UsageError, match="--workers 0 --ps 1: pass at least 1 of each"):
+        launch(0, [], num_ps=1)
 
 
 def test_cli_launch_ps_bad_strategy_is_one_line(tmp_path):

@@ -5,21 +5,21 @@ same `mdtrain train --strategy multiworker` that runs on a cluster can be tried
 and taught on a laptop. Output is prefixed with `[worker i] ` and kept in
 per-worker log files; a crashed worker stops the others and, if asked, the whole
 group is restarted; a hang is reported instead of waited on forever. With
-parameter servers (`launch(..., num_ps=M)`, `run_ps_cluster`) it starts `ps`,
-`worker` and `chief` tasks instead, and the job ends with the chief.
+parameter servers (`launch(..., num_ps=M)`) it starts `ps`, `worker` and
+`chief` tasks instead, and the job ends with the chief.
 
-Modules: `addresses` (free ports, `TF_CONFIG`), `processes` (one group of
-processes: start, pump output, stop them all whatever happens), `workers`
-(`run_workers`, restarts, hang detection, `kill_worker_when`),
-`parameter_servers` (`run_ps_cluster`), `jobs` (`launch`: the CLI's `mdtrain
-launch`). Every public name imports from `mdtrain.launcher`, with
-`worker_devices`, `share_gpus` (`mdtrain.gpus`): each local worker's GPUs, or the CPU.
+Modules: `processes` (a job's processes: start, pump output, stop them all
+whatever happens), `workers` (free ports, `TF_CONFIG`, `run_workers`,
+restarts, hang detection, `kill_worker_when`), `jobs` (`launch`: the CLI's
+`mdtrain launch`, and parameter-server jobs). Every public name imports from
+`mdtrain.launcher`, with `worker_devices` (`mdtrain.gpus`): each local worker's
+GPUs, or the CPU.
 
 Exit codes of `run_workers` and `launch`: the chief's (worker 0's) status when
 every worker ends on its own; the failing worker's status when a worker fails and
 no restarts are left (exit code 2, a usage error, is never restarted); 124 when
 workers appear stuck; 130 on Ctrl-C; 143 on SIGTERM. A process killed by signal N
-counts as 128 + N, as in a shell. Of `run_ps_cluster`: the chief's status; a dead
+counts as 128 + N, as in a shell. With parameter servers: the chief's status; a dead
 parameter server's (at least 1: its variables are lost); 124, 130 and 143 as above.
 
 Security: TensorFlow's gRPC servers are unauthenticated and unencrypted; anyone
@@ -31,25 +31,18 @@ reachable from an untrusted network, firewall the ports or run the workers in a
 network namespace or container without outside access.
 """
 
-from mdtrain.gpus import WorkerDevices, share_gpus, worker_devices
-from mdtrain.launcher.addresses import cluster_tf_config, free_ports, ps_cluster, tf_config
+from mdtrain.gpus import WorkerDevices, worker_devices
 from mdtrain.launcher.jobs import launch
-from mdtrain.launcher.parameter_servers import run_ps_cluster
 from mdtrain.launcher.processes import HANG_EXIT_CODE
-from mdtrain.launcher.workers import USAGE_EXIT_CODE, kill_worker_when, run_workers
+from mdtrain.launcher.workers import free_ports, kill_worker_when, run_workers, tf_config
 
 __all__ = [
     "HANG_EXIT_CODE",
-    "USAGE_EXIT_CODE",
     "WorkerDevices",
-    "cluster_tf_config",
     "free_ports",
     "kill_worker_when",
     "launch",
-    "ps_cluster",
-    "run_ps_cluster",
     "run_workers",
     "tf_config",
-    "share_gpus",
     "worker_devices",
 ]

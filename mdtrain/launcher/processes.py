@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TextIO
 
 from mdtrain.errors import UsageError
+from mdtrain.gpus import visible_gpus, worker_devices
 
 HANG_EXIT_CODE = 124
 HANG_TIMEOUT_S = 300.0  # the default of `mdtrain launch --hang-timeout` and of every job
@@ -30,19 +31,9 @@ _GRACE_S = 5.0  # between SIGTERM and SIGKILL: long enough to flush logs, short 
 POLL_S = 0.1
 
 
-class _Terminated(Exception):  # raised in the main thread when the launcher gets SIGTERM
-    pass
-
-
 def exit_status(returncode: int) -> int:
     """A `Popen.returncode` as a shell reports it: killed by signal N is 128 + N."""
     return 128 - returncode if returncode < 0 else returncode
-
-
-def check_hang_timeout(hang_timeout_s: float | None) -> None:
-    """Raises `UsageError` unless the hang timeout is None or a positive number of seconds."""
-    if hang_timeout_s is not None and hang_timeout_s <= 0:
-        raise UsageError(f"hang timeout {hang_timeout_s}: pass a positive number of seconds")
 
 
 def child_setup() -> Callable[[], None] | None:
@@ -69,21 +60,6 @@ def _signal_groups(procs: list[subprocess.Popen], sig: int) -> None:
             os.killpg(proc.pid, sig)
 
 
-def stop(procs: list[subprocess.Popen]) -> None:
-    """SIGTERM every task's process group, then SIGKILL what is left a few seconds later."""
-    _signal_groups([p for p in procs if p.poll() is None], signal.SIGTERM)
-    deadline = time.monotonic() + _GRACE_S
-    while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
-        time.sleep(POLL_S)
-    _signal_groups(procs, signal.SIGKILL)
-    for proc in procs:
-        proc.wait()
-
-
-def _raise_terminated(signum, frame) -> None:  # the SIGTERM handler while a job runs
-    raise _Terminated
-
-
 # TensorFlow's C++ runtime logs in glog's format ("E0000 00:00:1795393443.609882  30925
 # base_collective_executor.cc:252] ..."), absl announces where it logs, and gRPC
 # continues some errors on lines of their own. A task that loses a peer (a crash drill,
@@ -95,16 +71,44 @@ _RUNTIME_LOG = re.compile(
 )
 
 
-class Tasks:
-    """Processes started together, each in its own process group with its own log file.
+class Job:
+    """One launch: its log folder, stream and environment, each worker's GPUs, and its tasks.
 
-    One pump thread per task copies its output to the log and, prefixed with the
-    task's label and without TensorFlow's runtime log lines, to the job's stream;
-    `last_output` is when any task last printed.
+    The tasks are those of the current attempt; `last_output` is when any of
+    them last printed. The options are `run_workers`'.
     """
 
-    def __init__(self, job: Job):
-        self.job = job
+    def __init__(
+        self,
+        num_workers: int,
+        *,
+        host: str = "127.0.0.1",
+        log_dir: str | os.PathLike | None = None,
+        hang_timeout_s: float | None = HANG_TIMEOUT_S,
+        env: dict[str, str] | None = None,
+        stream: TextIO | None = None,
+        gpus_per_worker: int | None = None,
+    ):
+        if hang_timeout_s is not None and hang_timeout_s <= 0:
+            raise UsageError(f"hang timeout {hang_timeout_s}: pass a positive number of seconds")
+        devices = worker_devices(num_workers, visible_gpus(env), gpus_per_worker)
+        chosen = gpus_per_worker is None
+        # Each worker's CUDA_VISIBLE_DEVICES; None without GPUs: the launcher's environment.
+        self.gpus = None if chosen and not devices.gpus else list(devices.cuda_visible_devices)
+        # Fewer GPUs than workers put every worker on the CPU: one line says so.
+        on_cpu = chosen and devices.gpus and not devices.gpus_per_worker
+        self.note = devices.describe() if on_cpu else None
+        self.host, self.hang_timeout_s = host, hang_timeout_s
+        self.env = dict(os.environ if env is None else env)
+        # After the checks: a usage error leaves no log folder behind.
+        self.log_dir = Path(tempfile.mkdtemp(prefix="mdtrain-") if log_dir is None else log_dir)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.stream = sys.stdout if stream is None else stream  # a notebook's, if it is one
+        self.lock = threading.Lock()
+        self.new_attempt()
+
+    def new_attempt(self) -> None:
+        """Forgets the tasks of the last attempt, which were stopped; the next ones start fresh."""
         self.procs: list[subprocess.Popen] = []
         self.labels: list[str] = []
         self.last_output = time.monotonic()
@@ -112,9 +116,15 @@ class Tasks:
         self._threads: list[threading.Thread] = []
         self._preexec = child_setup()
 
+    def announce(self, tasks: str) -> None:
+        """The job's first lines: its tasks, host and log folder; then where the workers run."""
+        self.say(f"{tasks} on {self.host}; logs in {self.log_dir}")
+        if self.note:
+            self.say(self.note)
+
     def spawn(self, command: list[str], env: dict[str, str], label: str, header: str = "") -> None:
         """Starts `command` as the task `label`, its log file opened with `header` first."""
-        log = open(self.job.log_dir / f"{label.replace(' ', '-')}.log", "a", encoding="utf-8")
+        log = open(self.log_dir / f"{label.replace(' ', '-')}.log", "a", encoding="utf-8")
         log.write(header)
         log.flush()
         try:
@@ -150,7 +160,7 @@ class Tasks:
                 log.write(line + "\n")
                 log.flush()
                 if not _RUNTIME_LOG.match(line):
-                    self.job.write(label, line)
+                    self.write(label, line)
             proc.stdout.close()
 
     def join(self, index: int | None = None) -> None:
@@ -159,7 +169,18 @@ class Tasks:
         for thread in self._threads if index is None else self._threads[index : index + 1]:
             thread.join(timeout=_GRACE_S)
 
-    def release(self) -> None:
+    def stop(self) -> None:
+        """SIGTERM every task's process group, then SIGKILL what is left a few seconds later."""
+        procs = self.procs
+        _signal_groups([p for p in procs if p.poll() is None], signal.SIGTERM)
+        deadline = time.monotonic() + _GRACE_S
+        while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+            time.sleep(POLL_S)
+        _signal_groups(procs, signal.SIGKILL)
+        for proc in procs:
+            proc.wait()
+
+    def _release(self) -> None:
         """Reaps every task, and closes the pipes and logs no pump took over."""
         if not self._threads:  # a start that failed half-way: nothing was pumped
             for proc, log in zip(self.procs, self._logs, strict=True):
@@ -168,17 +189,6 @@ class Tasks:
         for proc in self.procs:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=_GRACE_S)
-
-
-class Job:
-    """One launch: its log folder, its shared stream, and the tasks it runs now."""
-
-    def __init__(self, log_dir: str | os.PathLike | None, stream: TextIO | None):
-        self.log_dir = Path(tempfile.mkdtemp(prefix="mdtrain-") if log_dir is None else log_dir)
-        self.log_dir.mkdir(parents=True, exist_ok=True)
-        self.stream = sys.stdout if stream is None else stream  # a notebook's, if it is one
-        self.lock = threading.Lock()
-        self.tasks = Tasks(self)
 
     def write(self, label: str, line: str) -> None:
         """Writes `[label] line` to the job's stream, one whole line at a time.
@@ -204,30 +214,25 @@ class Job:
         """A line from the launcher itself, `[launch] message`."""
         self.write("launch", message)
 
-    def new_tasks(self) -> Tasks:
-        """A fresh group of tasks (a new attempt); the job stops these on the way out."""
-        self.tasks = Tasks(self)
-        return self.tasks
-
     def run(self, body: Callable[[], int], noun: str | None = None) -> int:
         """Returns `body()`, or 130 on Ctrl-C and 143 on SIGTERM after stopping the tasks.
 
         With `noun` ("workers") it says what it stops.
         """
-        # SIGTERM (from kill, Slurm, docker stop) must stop the tasks too, not just end us;
-        # only the main thread may set the handler.
+        # SIGTERM (from kill, Slurm, docker stop) must stop the tasks too, not just end us:
+        # its handler raises SystemExit in the main thread, the only one that may set it.
         main = threading.current_thread() is threading.main_thread()
-        previous = signal.signal(signal.SIGTERM, _raise_terminated) if main else None
+        previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143)) if main else None
         try:
             return body()
-        except (KeyboardInterrupt, _Terminated) as stopped:
+        except (KeyboardInterrupt, SystemExit) as stopped:
             ctrl_c = isinstance(stopped, KeyboardInterrupt)
             if noun:
                 self.say(f"{'interrupted' if ctrl_c else 'terminated'}; stopping all {noun}")
-            stop(self.tasks.procs)
+            self.stop()
             return 130 if ctrl_c else 143
         finally:  # whatever happened, nothing of ours outlives us; a half start included
             if main:
                 signal.signal(signal.SIGTERM, previous)
-            _signal_groups(self.tasks.procs, signal.SIGKILL)
-            self.tasks.release()
+            _signal_groups(self.procs, signal.SIGKILL)
+            self._release()

@@ -7,25 +7,73 @@ import glob
 import json
 import os
 import signal
+import socket
 import threading
 import time
 from typing import TextIO
 
-from mdtrain.errors import UsageError
-from mdtrain.gpus import share_gpus, visible_gpus
-from mdtrain.launcher.addresses import free_addresses, tf_config
-from mdtrain.launcher.processes import (
-    HANG_EXIT_CODE,
-    HANG_TIMEOUT_S,
-    POLL_S,
-    Job,
-    Tasks,
-    check_hang_timeout,
-    exit_status,
-    stop,
-)
+from mdtrain.errors import USAGE_EXIT_CODE, UsageError
+from mdtrain.launcher.processes import HANG_EXIT_CODE, HANG_TIMEOUT_S, POLL_S, Job, exit_status
 
-USAGE_EXIT_CODE = 2
+
+def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
+    """Returns `n` distinct TCP ports that are free on `host` right now.
+
+    The sockets are held open together, so the ports are distinct, then closed
+    for the workers to bind; a port taken in between fails one attempt, and a
+    restart takes fresh ports.
+
+    Args:
+        n: How many ports to return.
+        host: The address to bind. Defaults to `"127.0.0.1"`.
+
+    Returns:
+        A list of `n` distinct port numbers.
+
+    Example:
+        >>> len(set(free_ports(3)))
+        3
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with contextlib.ExitStack() as held:  # every socket closes on the way out
+        sockets = [held.enter_context(socket.socket(family)) for _ in range(n)]
+        for sock in sockets:
+            sock.bind((host, 0))
+        return [sock.getsockname()[1] for sock in sockets]
+
+
+def tf_config(worker_addresses: list[str], index: int) -> dict:
+    """Builds the `TF_CONFIG` dictionary of one worker.
+
+    Worker 0 is the chief: MultiWorkerMirroredStrategy makes it the one that
+    saves checkpoints and writes summaries.
+
+    Args:
+        worker_addresses: `"host:port"` of every worker, in index order.
+        index: The index of the worker this config is for.
+
+    Returns:
+        `{"cluster": {"worker": [...]}, "task": {"type": "worker", "index": index}}`,
+        for `json.dumps` into the `TF_CONFIG` environment variable.
+
+    Raises:
+        UsageError: If `index` is not a valid position in `worker_addresses`.
+
+    Example:
+        >>> tf_config(["127.0.0.1:2222", "127.0.0.1:2223"], 1)["task"]
+        {'type': 'worker', 'index': 1}
+    """
+    if not 0 <= index < len(worker_addresses):
+        raise UsageError(f"no task worker {index} in the cluster {{'worker': {worker_addresses}}}")
+    return {
+        "cluster": {"worker": list(worker_addresses)},
+        "task": {"type": "worker", "index": index},
+    }
+
+
+def free_addresses(n: int, host: str) -> list[str]:
+    """`n` free `host:port` addresses, with an IPv6 host in brackets (`[::1]:2222`)."""
+    return [f"[{host}]:{p}" if ":" in host else f"{host}:{p}" for p in free_ports(n, host)]
 
 
 def run_workers(
@@ -66,7 +114,7 @@ def run_workers(
         stream: Where prefixed output and launcher messages go.
             Defaults to `None`, the `sys.stdout` of the moment (a notebook's too).
         gpus_per_worker: GPUs for each worker, set in its `CUDA_VISIBLE_DEVICES`
-            (`mdtrain.gpus.share_gpus`); `0` runs the workers on the CPU, and so
+            (`worker_devices`); `0` runs the workers on the CPU, and so
             does `None` with fewer GPUs than workers (one line says so).
             Defaults to `None`: the visible GPUs split evenly, none on a CPU machine.
 
@@ -86,55 +134,47 @@ def run_workers(
         raise UsageError("empty worker command; pass the program to run, e.g. ['python', 'x.py']")
     if restarts < 0:
         raise UsageError(f"--restarts {restarts}: pass 0 or more restarts")
-    check_hang_timeout(hang_timeout_s)
-    gpus, note = share_gpus(visible_gpus(env), num_workers, gpus_per_worker)
-    job = Job(log_dir, stream)
-    job.say(f"{num_workers} workers on {host}; logs in {job.log_dir}")
-    if note:
-        job.say(note)
-    if gpus is not None:
-        shares = (f"worker {i}: {g or '(none)'}" for i, g in enumerate(gpus))
+    job = Job(num_workers, host=host, log_dir=log_dir, hang_timeout_s=hang_timeout_s, env=env,
+              stream=stream, gpus_per_worker=gpus_per_worker)  # fmt: skip
+    job.announce(f"{num_workers} workers")
+    if job.gpus is not None:
+        shares = (f"worker {i}: {g or '(none)'}" for i, g in enumerate(job.gpus))
         job.say("CUDA_VISIBLE_DEVICES " + "; ".join(shares))
-    base_env = dict(os.environ if env is None else env)
     if hang_timeout_s is not None:  # the chief's training shows life at least this often
-        base_env["MDTRAIN_HEARTBEAT_S"] = f"{hang_timeout_s / 4:g}"  # mdtrain.heartbeat
-
-    def start(attempt: int) -> Tasks:
-        addresses = free_addresses(num_workers, host)  # fresh ones for every attempt
-        job.say(f"attempt {attempt}: " + " ".join(addresses))
-        tasks = job.new_tasks()
-        header = f"=== attempt {attempt} ({time.strftime('%Y-%m-%d %H:%M:%S')}) ===\n"
-        for i in range(num_workers):
-            worker_env = dict(base_env, TF_CONFIG=json.dumps(tf_config(addresses, i)))
-            worker_env.update(MDTRAIN_WORKER_INDEX=str(i), MDTRAIN_ATTEMPT=str(attempt))
-            if gpus is not None:  # this worker's own GPUs
-                worker_env["CUDA_VISIBLE_DEVICES"] = gpus[i]
-            tasks.spawn(command, worker_env, f"worker {i}", header)
-        tasks.start_pumps()
-        return tasks
+        job.env["MDTRAIN_HEARTBEAT_S"] = f"{hang_timeout_s / 4:g}"  # mdtrain.heartbeat
 
     def attempts() -> int:
         attempt, status = 0, None
         while status is None:  # None: restart; the last attempt always has a status
             attempt += 1
-            tasks = start(attempt)
-            status = _watch(job, tasks, attempt, restarts, hang_timeout_s)
-            tasks.join()
+            addresses = free_addresses(num_workers, host)  # fresh ones for every attempt
+            job.say(f"attempt {attempt}: " + " ".join(addresses))
+            job.new_attempt()
+            header = f"=== attempt {attempt} ({time.strftime('%Y-%m-%d %H:%M:%S')}) ===\n"
+            for i in range(num_workers):
+                worker_env = dict(job.env, TF_CONFIG=json.dumps(tf_config(addresses, i)))
+                worker_env.update(MDTRAIN_WORKER_INDEX=str(i), MDTRAIN_ATTEMPT=str(attempt))
+                if job.gpus is not None:  # this worker's own GPUs
+                    worker_env["CUDA_VISIBLE_DEVICES"] = job.gpus[i]
+                job.spawn(command, worker_env, f"worker {i}", header)
+            job.start_pumps()
+            status = _watch(job, attempt, restarts)
+            job.join()
         return status
 
     return job.run(attempts, noun="workers")
 
 
-def _watch(job: Job, tasks: Tasks, attempt: int, restarts: int, hang_timeout_s) -> int | None:
+def _watch(job: Job, attempt: int, restarts: int) -> int | None:
     """Waits for one attempt; returns its exit status, or None to restart."""
-    procs, first_done = tasks.procs, None
-    limit = float("inf") if hang_timeout_s is None else hang_timeout_s
+    procs, first_done = job.procs, None
+    limit = float("inf") if job.hang_timeout_s is None else job.hang_timeout_s
     while True:
         codes = [p.poll() for p in procs]
         failed = [(i, c) for i, c in enumerate(codes) if c not in (None, 0)]
         # Once the chief has finished cleanly the job's result is saved: later failures are noise.
         if failed and codes[0] != 0:
-            return _after_failure(job, procs, failed, attempt, restarts)
+            return _after_failure(job, failed, attempt, restarts)
         running = [i for i, c in enumerate(codes) if c is None]
         if not running:
             if failed:
@@ -146,8 +186,8 @@ def _watch(job: Job, tasks: Tasks, attempt: int, restarts: int, hang_timeout_s) 
             first_done = now
         if first_done is not None and now - first_done > limit:
             why = f"worker {codes.index(0)} finished {now - first_done:.0f}s ago"
-        elif now - tasks.last_output > limit:
-            why = f"no output for {now - tasks.last_output:.0f}s"
+        elif now - job.last_output > limit:
+            why = f"no output for {now - job.last_output:.0f}s"
         else:
             time.sleep(POLL_S)
             continue
@@ -156,11 +196,11 @@ def _watch(job: Job, tasks: Tasks, attempt: int, restarts: int, hang_timeout_s) 
             f"workers {stuck} appear stuck (probably waiting in a collective for a worker "
             f"that is gone): {why}; stopping all; exit code {HANG_EXIT_CODE}"
         )
-        stop(procs)
+        job.stop()
         return HANG_EXIT_CODE
 
 
-def _after_failure(job: Job, procs, failed, attempt: int, restarts: int) -> int | None:
+def _after_failure(job: Job, failed, attempt: int, restarts: int) -> int | None:
     """Stops the workers after `failed`; returns the exit status, or None to restart."""
     # Exit code 2 is a usage error (argparse, mdtrain's CLI): a restart would repeat it.
     usage = any(c == USAGE_EXIT_CODE for _, c in failed)
@@ -169,7 +209,7 @@ def _after_failure(job: Job, procs, failed, attempt: int, restarts: int) -> int 
     plan = "bad input, not restarting" if usage and attempt <= restarts else plan
     what = ", ".join(f"worker {i} exited with code {c}" for i, c in failed)
     job.say(f"{what}; stopping the others; {plan}")
-    stop(procs)
+    job.stop()
     # The chief's own failure if it failed, else the worker's: not our SIGTERM to the chief.
     return None if left else exit_status(failed[0][1])
 

@@ -7,14 +7,16 @@ N --ps M` (`mdtrain.launch(N, args, num_ps=M)`) starts them.
 
 from __future__ import annotations
 
-import json
+import argparse
 import sys
 from pathlib import Path
 
 import keras
 
-from mdtrain.errors import UsageError
-from mdtrain.ps.cluster import serve
+from mdtrain import cli
+from mdtrain.config import TrainConfig
+from mdtrain.errors import USAGE_EXIT_CODE, UsageError
+from mdtrain.ps import serve
 
 
 class MarkAfter(keras.callbacks.Callback):
@@ -38,11 +40,6 @@ class MarkAfter(keras.callbacks.Callback):
 
 
 def _chief(argv: list[str]) -> int:
-    import argparse
-
-    from mdtrain.cli import build_parser
-    from mdtrain.training import TrainConfig, train
-
     extra = argparse.ArgumentParser(add_help=False)
     extra.add_argument("--log-every", type=int, default=TrainConfig.log_every,
                        help="steps per point of the loss curve (default: 10)")  # fmt: skip
@@ -50,15 +47,10 @@ def _chief(argv: list[str]) -> int:
                        help="fault drill: create --mark-file after this many steps")  # fmt: skip
     extra.add_argument("--mark-file", help="fault drill: the file to create")
     ours, rest = extra.parse_known_args(argv)
-    args = build_parser().parse_args(["train", *rest])
-    options = {k: v for k, v in vars(args).items() if k not in ("command", "json")}
-    config = TrainConfig(**options | dict(strategy="ps", log_every=ours.log_every))
-    config.validate()
+    args = cli.build_parser().parse_args(["train", *rest])
+    args.strategy, args.log_every = "ps", ours.log_every
     drill = ours.mark_after is not None and ours.mark_file
-    result = train(config, [MarkAfter(ours.mark_after, ours.mark_file)] if drill else None)
-    if args.json:
-        print(json.dumps(result.summary()), flush=True)
-    return 0
+    return cli.run_train(args, [MarkAfter(ours.mark_after, ours.mark_file)] if drill else None)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -73,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
         raise UsageError("usage: python -m mdtrain.ps serve | chief <mdtrain train arguments>")
     except UsageError as error:
         print(f"mdtrain: error: {error.as_option()}", file=sys.stderr)
-        return 2
+        return USAGE_EXIT_CODE
 
 
 if __name__ == "__main__":

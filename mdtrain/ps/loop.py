@@ -100,14 +100,20 @@ def coordinator_fit(
         coordinator.join()  # raises if a step failed for a reason other than a lost worker
         # fetch() raises if this step failed; a lost worker's steps were rerun elsewhere.
         sums = np.sum([r.fetch() for r in remote], axis=0)
-        _add_point(log, steps, sums, time.perf_counter() - start)
+        log["completed"] += steps
+        log["examples"] += int(sums[2])  # (their class weights' sum, with --class-weight)
+        log["steps"].append(log["completed"])
+        for name, value in _means(sums).items():
+            log[name].append(value)
+        log["seconds"].append(time.perf_counter() - start)
         return sums
 
     history = keras.callbacks.History()
     cbs = keras.callbacks.CallbackList([*(callbacks or []), history], add_progbar=verbose > 0,
                                        model=trainer, verbose=verbose, epochs=epochs,
                                        steps=steps_per_epoch)  # fmt: skip
-    log = _new_log()
+    log = {k: [] for k in ("steps", "loss", "accuracy", "seconds", "learning_rate")}
+    log |= dict(scheduled=0, completed=0, examples=0)
     trainer.stop_training = False
     start = time.perf_counter()
     cbs.on_train_begin()
@@ -135,20 +141,6 @@ def coordinator_fit(
 def _means(sums) -> dict[str, float]:
     loss_sum, correct, examples = sums
     return {"loss": float(loss_sum / examples), "accuracy": float(correct / examples)}
-
-
-def _new_log() -> dict:
-    log = {k: [] for k in ("steps", "loss", "accuracy", "seconds", "learning_rate")}
-    return log | dict(scheduled=0, completed=0, examples=0)
-
-
-def _add_point(log: dict, steps: int, sums, seconds: float) -> None:
-    log["completed"] += steps
-    log["examples"] += int(sums[2])  # (their class weights' sum, with --class-weight)
-    log["steps"].append(log["completed"])
-    for name, value in _means(sums).items():
-        log[name].append(value)
-    log["seconds"].append(seconds)
 
 
 def _evaluate(trainer, val_ds, cbs) -> dict[str, float]:
