@@ -139,8 +139,7 @@ def input_data_for(config: TrainConfig, splits, global_batch_size: int, **overri
         cache_dir=config.cache_dir,
         deterministic=config.deterministic,
     )
-    return InputData(splits, config.resolved_image_size, global_batch_size,
-                     **{**arguments, **overrides})  # fmt: skip
+    return InputData(splits, config.resolved_image_size, global_batch_size, **arguments | overrides)
 
 
 def new_trainer(config: TrainConfig, splits, augment=None):
@@ -395,16 +394,14 @@ def write_outputs(output, net, history, report: dict, chief: bool = True) -> Non
     """Writes a run's `model.keras`, `history.json` and `report.json`: the one output writer.
 
     `model.keras` holds Keras' own `BatchNormalization` in place of mdtrain's
-    exact layer: at inference the two compute the same thing (the moving
-    statistics), so it predicts what `net` predicts and loads with plain
-    `keras.models.load_model` in a process that never imports mdtrain.
-
-    Only the chief's files are kept; the other workers of a multi-worker run
-    write to a temporary folder that is deleted (every worker must take part
-    in saving: it can involve collectives). `TrainConfig.validate` checks the
-    folder before training; if writing fails now (the disk filled up, the
-    folder went away), the files go to a new temporary folder named in the
-    error: a full disk does not cost the hours of training before it.
+    exact layer (at inference both use the moving statistics), so it predicts
+    what `net` predicts and loads with plain `keras.models.load_model` in a
+    process that never imports mdtrain. Only the chief's files are kept: the
+    other workers of a multi-worker run take part in saving (it can involve
+    collectives) into a temporary folder that is then deleted. If `output`
+    cannot be written (the disk filled up, the folder went away), the files go
+    to a new temporary folder named in the error: a full disk does not cost
+    the hours of training before it.
 
     Args:
         output: the `--output` folder, created if missing.
