@@ -43,8 +43,8 @@ _ALIASES = {
 }  # fmt: skip
 
 
-def check_strategy_name(name: str) -> str:
-    """Returns `name` if `mdtrain train` offers that strategy, else raises `UsageError`.
+def check_strategy_name(name: str) -> None:
+    """Raises `UsageError` unless `mdtrain train` offers the strategy `name`.
 
     Strategies named by the articles that `mdtrain train` does not offer
     (central storage; parameter servers outside the chief of a cluster with
@@ -55,10 +55,9 @@ def check_strategy_name(name: str) -> str:
         UsageError: for an unknown or not offered name.
     """
     m = CPU_STRATEGY.match(name)
-    if name in STRATEGIES[:-1] or (m and int(m.group(1)) >= 1):
-        return name
-    if name == PS_STRATEGY and _is_ps_chief():
-        return name
+    offered = name in STRATEGIES[:-1] or (m and int(m.group(1)) >= 1)
+    if offered or (name == PS_STRATEGY and _is_ps_chief()):
+        return
     key = re.sub(r"[-_ ]", "", name.lower())
     key = _ALIASES.get(key, key)
     if key in _NOT_OFFERED:
@@ -86,11 +85,9 @@ CLASS_WEIGHTS = ("auto", "none")
 MONITOR_DISPLAYS = ("auto", "widget", "text", "none")
 
 
-def check_model_name(name: str) -> str:
-    """Returns `name` if it is a known model, else raises `UsageError`."""
-    if name in MODELS:
-        return name
-    raise bad_value("model", name, f"unknown; choose one of {', '.join(MODELS)}")
+def check_model_name(name: str) -> None:
+    """Raises `UsageError` unless `name` is a known model."""
+    check(name in MODELS, "model", name, f"unknown; choose one of {', '.join(MODELS)}")
 
 
 def check(condition: bool, argument: str, value, problem: str) -> None:
@@ -99,16 +96,14 @@ def check(condition: bool, argument: str, value, problem: str) -> None:
         raise bad_value(argument, value, problem)
 
 
-def check_seed(seed: int) -> int:
-    """Returns `seed` if NumPy and Keras can seed with it, else raises `UsageError`."""
+def check_seed(seed: int) -> None:
+    """Raises `UsageError` unless NumPy and Keras can seed with `seed`."""
     check(0 <= seed < 2**32, "seed", seed, "must be in [0, 2**32)")
-    return seed
 
 
-def check_dropout(dropout: float) -> float:
-    """Returns `dropout` if it is a rate in [0, 1), else raises `UsageError`."""
+def check_dropout(dropout: float) -> None:
+    """Raises `UsageError` unless `dropout` is a rate in [0, 1)."""
     check(0 <= dropout < 1, "dropout", dropout, "must be in [0, 1)")
-    return dropout
 
 
 def smallest_image_size(model: str) -> int:
@@ -116,12 +111,11 @@ def smallest_image_size(model: str) -> int:
     return 16 if model == "small-cnn" else 32
 
 
-def check_image_size(model: str, image_size: int) -> int:
-    """Returns `image_size` if `model` can take images of that side, else raises `UsageError`."""
+def check_image_size(model: str, image_size: int) -> None:
+    """Raises `UsageError` unless `model` can take images of side `image_size`."""
     smallest = smallest_image_size(model)
     check(image_size >= smallest, "image_size", image_size,
           f"{model} needs at least {smallest} pixels")  # fmt: skip
-    return image_size
 
 
 def check_batch_sizes(per_replica: int | None, global_batch: int | None) -> None:

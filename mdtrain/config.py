@@ -10,6 +10,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from mdtrain import choices as c
+
 OUTPUT_FILES = ("model.keras", "history.json", "report.json")
 
 
@@ -85,19 +87,21 @@ class TrainConfig:
 
     def validate(self) -> None:
         """Raises `UsageError` for any value that cannot work, before TensorFlow starts."""
-        from mdtrain import choices as c
-
         c.check_strategy_name(self.strategy)
         c.check_model_name(self.model)
         c.check_batch_sizes(self.batch_size_per_replica, self.global_batch_size)
         for argument, holds, problem in self._rules():
             c.check(holds, argument, getattr(self, argument), problem)
-        self._validate_folders()
+        for argument in ("output", "backup_dir", "cache_dir"):
+            folder = getattr(self, argument)
+            problem = _folder_problem(Path(folder)) if folder else None
+            c.check(problem is None, argument, folder, problem)
+        taken = [n for n in OUTPUT_FILES if self.output and (Path(self.output) / n).exists()]
+        c.check(not taken, "output", self.output, f"already holds {', '.join(taken)}; "
+                "choose a new folder (nothing was overwritten)")  # fmt: skip
 
     def _rules(self) -> list[tuple[str, bool, str]]:
         """Every other check, one row each: (argument, whether it holds, what is wrong)."""
-        from mdtrain import choices as c
-
         options = {"loop": c.LOOPS, "augment_in": c.AUGMENT_IN, "class_weight": c.CLASS_WEIGHTS,
                    "cache": c.CACHE_MODES, "monitor": c.MONITOR_DISPLAYS}  # fmt: skip
         smallest = c.smallest_image_size(self.model)
@@ -143,17 +147,6 @@ class TrainConfig:
              "trains only its head on a frozen base, so it needs --weights imagenet or a "
              "…_notop.h5 file; to train an EfficientNet from scratch use efficientnet-lite0"),
         ]  # fmt: skip
-
-    def _validate_folders(self) -> None:
-        from mdtrain import choices as c
-
-        for argument in ("output", "backup_dir", "cache_dir"):
-            folder = getattr(self, argument)
-            problem = _folder_problem(Path(folder)) if folder else None
-            c.check(problem is None, argument, folder, problem)
-        taken = [n for n in OUTPUT_FILES if self.output and (Path(self.output) / n).exists()]
-        c.check(not taken, "output", self.output, f"already holds {', '.join(taken)}; "
-                "choose a new folder (nothing was overwritten)")  # fmt: skip
 
     @property
     def resolved_image_size(self) -> int:

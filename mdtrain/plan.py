@@ -11,11 +11,8 @@ is tested here on plain numbers, without TensorFlow.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, field
 from pathlib import Path
-
-FINE_TUNE_LR_FACTOR = 0.1  # fine-tuning steps are a tenth of the training steps
 
 
 @dataclass
@@ -39,11 +36,6 @@ class ResumePoint:
     path: Path | None = None
     fingerprint: dict = field(default_factory=dict)
     history: list[dict[str, float]] = field(default_factory=list)
-
-    @property
-    def restorable(self) -> bool:
-        """Whether a backup holds the state at this point."""
-        return self.path is not None
 
 
 @dataclass(frozen=True)
@@ -75,22 +67,6 @@ class Segment:
     restore: bool
     restore_optimizer: bool
 
-    @property
-    def fine_tune(self) -> bool:
-        return self.phase == 1
-
-    def steps(self, steps_per_epoch: int) -> int:
-        """Steps in each epoch this segment runs."""
-        return steps_per_epoch - self.skip_steps
-
-
-def _phases(epochs: int, fine_tune_epochs: int, learning_rate: float) -> list[tuple]:
-    """(first epoch, last epoch, learning rate) of each phase."""
-    phases = [(0, epochs, learning_rate)]
-    if fine_tune_epochs:
-        phases.append((epochs, epochs + fine_tune_epochs, learning_rate * FINE_TUNE_LR_FACTOR))
-    return phases
-
 
 def plan_run(
     epochs: int,
@@ -117,21 +93,23 @@ def plan_run(
     [1, 2, 3]
     """
     resume = resume or ResumePoint()
+    phases = [(0, epochs, learning_rate)]  # (first epoch, last epoch, learning rate)
+    if fine_tune_epochs:  # fine-tuning steps are a tenth of the training steps
+        phases.append((epochs, epochs + fine_tune_epochs, learning_rate * 0.1))
     segments: list[Segment] = []
-    for phase, (first, last, lr) in enumerate(_phases(epochs, fine_tune_epochs, learning_rate)):
+    for phase, (first, last, lr) in enumerate(phases):
         if last <= resume.epoch:
             continue  # finished before the resume point
         start = max(first, resume.epoch)
-        restore = resume.restorable and not segments  # the phase the backup leads into
-        make = functools.partial(
-            Segment, phase, learning_rate=lr, decay_steps=(last - first) * steps_per_epoch
-        )
         skip = resume.step if start == resume.epoch else 0
-        if skip:  # the rest of a half-done epoch, then the whole epochs after it
-            segments.append(make(start, start + 1, skip, starts_phase=True, restore=restore,
-                                 restore_optimizer=restore and resume.phase == phase))  # fmt: skip
-            start, restore = start + 1, False
-        if start < last:
-            segments.append(make(start, last, 0, starts_phase=not skip, restore=restore,
-                                 restore_optimizer=restore and resume.phase == phase))  # fmt: skip
+        # the rest of a half-done epoch, then the whole epochs after it
+        pieces = [(start, start + 1, skip), (start + 1, last, 0)] if skip else [(start, last, 0)]
+        for i, (begin, end, skip_steps) in enumerate(pieces):
+            restore = resume.path is not None and not segments  # the first segment loads it
+            if begin < end:
+                segments.append(Segment(
+                    phase, begin, end, skip_steps, lr, (last - first) * steps_per_epoch,
+                    starts_phase=i == 0, restore=restore,
+                    restore_optimizer=restore and resume.phase == phase,
+                ))  # fmt: skip
     return segments

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -115,39 +116,12 @@ def train(config: TrainConfig, callbacks: list | None = None) -> TrainResult:
     return result
 
 
-#: The log line of a run that augments in the training step (`TrainConfig.augment_place`).
-AUGMENT_IN_STEP_NOTE = (
-    "augmentation: drawn by the input pipeline, applied in the training step on each "
-    "replica's device"
-)
-
-
-def run_splits(config: TrainConfig):
-    """The run's data folder and its training and validation images (`mdtrain.data.Splits`).
-
-    Args:
-        config: the run's `TrainConfig`; `data=None` is the demo dataset,
-            created on first use.
-
-    Returns:
-        `(data_dir, splits)`.
-
-    Raises:
-        UsageError: for a missing folder or one without readable images.
-    """
-    from mdtrain.data import load_splits
-    from mdtrain.sources import ensure_demo_dataset
-
-    data_dir = config.data if config.data is not None else str(ensure_demo_dataset())
-    return data_dir, load_splits(data_dir, config.val_data, config.validation_split, config.seed)
-
-
 def input_data_for(config: TrainConfig, splits, global_batch_size: int, **overrides):
     """The run's `mdtrain.pipeline.InputData`: `config`'s seed, augmentation and cache.
 
     Args:
         config: the run's `TrainConfig`.
-        splits: its images (`run_splits`).
+        splits: its images (`mdtrain.data.Splits`).
         global_batch_size: images per step over all replicas.
         **overrides: `InputData` arguments that differ from `config`'s.
 
@@ -165,26 +139,7 @@ def input_data_for(config: TrainConfig, splits, global_batch_size: int, **overri
         cache_dir=config.cache_dir,
         deterministic=config.deterministic,
     )
-    return InputData(splits, config.resolved_image_size, global_batch_size,
-                     **{**arguments, **overrides})  # fmt: skip
-
-
-def cosine_schedule(learning_rate: float, steps: int):
-    """The learning rate of a training phase: cosine decay to a tenth over its `steps`.
-
-    Large steps early, and a settled model (and BatchNorm statistics) by the
-    last epoch, whatever the strategy.
-
-    Args:
-        learning_rate: the rate at the phase's first step.
-        steps: the phase's steps (all workers' together under parameter servers).
-
-    Returns:
-        A `keras.optimizers.schedules.CosineDecay`.
-    """
-    import keras
-
-    return keras.optimizers.schedules.CosineDecay(learning_rate, decay_steps=steps, alpha=0.1)
+    return InputData(splits, config.resolved_image_size, global_batch_size, **arguments | overrides)
 
 
 def new_trainer(config: TrainConfig, splits, augment=None):
@@ -192,7 +147,7 @@ def new_trainer(config: TrainConfig, splits, augment=None):
 
     Args:
         config: the run's `TrainConfig` (model, weights, dropout, class weights).
-        splits: its images (`run_splits`): the classes and their counts.
+        splits: its images (`mdtrain.data.Splits`): the classes and their counts.
         augment: the `AugmentPolicy` the training step applies, or None when
             the batches come augmented or not at all. Defaults to None.
 
@@ -214,24 +169,44 @@ class _Run:
     """The runner: sets a run up, then carries out its plan (`mdtrain.plan`) segment by segment."""
 
     def __init__(self, config: TrainConfig):
-        from mdtrain.distribute import configure_devices
+        from mdtrain import distribute
 
-        configure_devices(config.strategy)
+        distribute.configure_devices(config.strategy)
         import keras
 
-        from mdtrain.distribute import BatchGeometry, is_chief, strategy_for_run, task_id
+        from mdtrain.data import load_splits
+        from mdtrain.sources import ensure_demo_dataset
 
-        self.strategy = strategy_for_run(config.strategy)  # first: multi-worker setup
+        self.strategy = distribute.strategy_for_run(config.strategy)  # first: multi-worker setup
         keras.utils.set_random_seed(config.seed)  # op determinism: `train`'s run_settings
-        self.chief = is_chief(self.strategy)
+        self.chief = distribute.is_chief(self.strategy)
         self.config = config if self.chief else dataclasses.replace(config, verbose=0)
         self.augment_in = config.augment_place
-        self.inputs = self._input_data()
-        self.geometry = BatchGeometry(
-            self.inputs.num_train, self.inputs.global_batch_size, self.replicas
+        self.replicas = self.strategy.num_replicas_in_sync
+        # data=None: the demo dataset, created on first use
+        self.data_dir = config.data if config.data is not None else str(ensure_demo_dataset())
+        self.splits = load_splits(self.data_dir, config.val_data, config.validation_split,
+                                  config.seed)  # fmt: skip
+        global_batch = distribute.resolve_global_batch_size(
+            self.replicas, config.batch_size_per_replica, config.global_batch_size
         )
+        task = distribute.task_name(self.strategy)  # each worker's own disk cache
+        self.inputs = input_data_for(config, self.splits, global_batch, cache_task=task)
+        # What gives a saved position its meaning; a backup made under other values is refused.
+        self.fingerprint = dict(
+            model=config.model,
+            image_size=config.resolved_image_size,
+            class_names=self.splits.class_names,
+            num_train=self.inputs.num_train,
+            global_batch_size=global_batch,
+            seed=config.seed,
+            # a disk cache orders later epochs differently from memory or streaming
+            disk_cache=self.inputs.cache_mode == "disk",
+        )
+        self.geometry = distribute.BatchGeometry(self.inputs.num_train, global_batch, self.replicas)
         if not self.chief:  # every worker prints its geometry; only the chief reports progress
-            print(f"worker {task_id(self.strategy)}: {self.geometry.describe()}", flush=True)
+            worker = distribute.task_id(self.strategy)
+            print(f"worker {worker}: {self.geometry.describe()}", flush=True)
         self.loop = self._choose_loop()
         self.ps_log = None  # filled by parameter-server training's loop
         self.ps_cluster = None  # `num_workers` and `num_ps` under parameter servers
@@ -241,21 +216,6 @@ class _Run:
             self.ps_cluster = cluster_size()
         self._describe()
         self.trainer = self._build_trainer()
-
-    @property
-    def replicas(self) -> int:
-        return self.strategy.num_replicas_in_sync
-
-    def _input_data(self):
-        from mdtrain.distribute import resolve_global_batch_size, task_name
-
-        config = self.config
-        self.data_dir, self.splits = run_splits(config)
-        global_batch = resolve_global_batch_size(
-            self.replicas, config.batch_size_per_replica, config.global_batch_size
-        )
-        task = task_name(self.strategy)  # each worker's own disk cache
-        return input_data_for(config, self.splits, global_batch, cache_task=task)
 
     def _choose_loop(self) -> str:
         import tensorflow as tf
@@ -272,23 +232,22 @@ class _Run:
         return self.config.loop
 
     def _describe(self) -> None:
-        splits = self.splits
+        splits, inputs = self.splits, self.inputs
         self._say(f"strategy {type(self.strategy).__name__} with {self.replicas} replica(s): "
                   f"{self.geometry.describe()}")  # fmt: skip
         if self.loop == "ps":
-            size, steps = self.ps_cluster, self.config.epochs * self.inputs.steps_per_epoch
+            size, steps = self.ps_cluster, self.config.epochs * inputs.steps_per_epoch
             self._say(f"parameter-server training: {size['num_workers']} worker(s), "
-                      f"{size['num_ps']} ps; {steps} steps of {self.inputs.global_batch_size} "
+                      f"{size['num_ps']} ps; {steps} steps of {inputs.global_batch_size} "
                       "examples, asynchronous")  # fmt: skip
-        self._say(
-            f"data {self.data_dir}: {len(splits.class_names)} classes, {self.inputs.num_train} "
-            f"train, {self.inputs.num_val} validation, {len(splits.skipped)} unreadable file(s) "
-            "skipped"
-        )
+        self._say(f"data {self.data_dir}: {len(splits.class_names)} classes, {inputs.num_train} "
+                  f"train, {inputs.num_val} validation, {len(splits.skipped)} unreadable "
+                  "file(s) skipped")  # fmt: skip
         for s in splits.skipped[:10]:
             self._say(f"  skipped {s.path}: {s.reason}")
-        if self.augment_in == "model":
-            self._say(AUGMENT_IN_STEP_NOTE)
+        if self.augment_in == "model":  # `TrainConfig.augment_place`
+            self._say("augmentation: drawn by the input pipeline, applied in the training step "
+                      "on each replica's device")  # fmt: skip
 
     def _build_trainer(self):
         import keras
@@ -308,67 +267,50 @@ class _Run:
             keras.mixed_precision.set_dtype_policy(previous)
         return trainer
 
-    def fingerprint(self) -> dict:
-        """What gives a saved position its meaning; a backup made under other values is refused."""
-        return dict(
-            model=self.config.model,
-            image_size=self.config.resolved_image_size,
-            class_names=self.splits.class_names,
-            num_train=self.inputs.num_train,
-            global_batch_size=self.inputs.global_batch_size,
-            seed=self.config.seed,
-            # a disk cache orders later epochs differently from memory or streaming
-            disk_cache=self.inputs.cache_mode == "disk",
-        )
-
     def execute(self, callbacks: list) -> TrainResult:
+        from mdtrain.backup import restore, resume_point
         from mdtrain.heartbeat import heartbeat_from_env
+        from mdtrain.models import unfreeze_top
         from mdtrain.monitor import make_monitor
         from mdtrain.plan import plan_run
 
-        config = self.config
+        config, inputs = self.config, self.inputs
+        total = config.epochs + config.fine_tune_epochs
         monitor = make_monitor(
-            self.inputs.global_batch_size,
-            epochs=config.epochs + config.fine_tune_epochs,
-            steps_per_epoch=self.inputs.steps_per_epoch,
+            inputs.global_batch_size,
+            epochs=total,
+            steps_per_epoch=inputs.steps_per_epoch,
             display=config.monitor if self.chief else "none",
             augments_on_device=self.augment_in == "model",
         )
-        point = self._resume_point()
+        # Where the backup says the run stands (the start without one); refuses one too far.
+        point = resume_point(config.backup_dir, self.fingerprint, self.chief, say=self._say)
+        if point.epoch > total:
+            raise UsageError(
+                f"--backup-dir {config.backup_dir}: its backup is at epoch {point.epoch}, past "
+                f"this run's {total}; use the same --epochs, or another --backup-dir"
+            )
         segments = plan_run(config.epochs, config.fine_tune_epochs, config.learning_rate,
-                            self.inputs.steps_per_epoch, point)  # fmt: skip
-        if not segments and point.path is not None:
-            self._restore_finished(point)
+                            inputs.steps_per_epoch, point)  # fmt: skip
+        if not segments and point.path is not None:  # a backup at the very end of the run
+            self._say("the backup is at the end of the run: its weights are the result")
+            if point.phase == 1:  # the layers fine-tuning unfroze, as the run left them
+                with self.strategy.scope():
+                    unfreeze_top(self.trainer.net)
+            restore(self.trainer, point, with_optimizer=False)
         history = list(point.history)  # the epochs before the backup, as that run saw them
         if self.chief and config.verbose:  # under `mdtrain launch`: slow is not stuck
             callbacks = [*callbacks, *heartbeat_from_env()]
         with monitor.run():  # one run's figures across phases and resume segments
             for segment in segments:
                 history += self._run_segment(segment, point, [*callbacks, monitor], history)
-        return self._result(history, monitor.summary())
-
-    def _resume_point(self):
-        """Where the backup says the run stands (the start without one); refuses one too far."""
-        from mdtrain.backup import resume_point
-
-        config = self.config
-        point = resume_point(config.backup_dir, self.fingerprint(), self.chief, say=self._say)
-        total = config.epochs + config.fine_tune_epochs
-        if point.epoch > total:
-            raise UsageError(
-                f"--backup-dir {config.backup_dir}: its backup is at epoch {point.epoch}, past "
-                f"this run's {total}; use the same --epochs, or another --backup-dir"
-            )
-        return point
-
-    def _result(self, history: list[dict[str, float]], summary) -> TrainResult:
-        config = self.config
+        summary = monitor.summary()
         return TrainResult(
             config=config,
             replicas=self.replicas,
-            global_batch_size=self.inputs.global_batch_size,
-            num_train=self.inputs.num_train,
-            num_val=self.inputs.num_val,
+            global_batch_size=inputs.global_batch_size,
+            num_train=inputs.num_train,
+            num_val=inputs.num_val,
             class_names=self.splits.class_names,
             history=history,
             images_per_sec=float(summary.images_per_sec or 0.0),
@@ -391,25 +333,18 @@ class _Run:
         from mdtrain.models import unfreeze_top
 
         with self.strategy.scope():
-            if segment.fine_tune:
+            if segment.phase == 1:  # fine-tuning
                 n = unfreeze_top(self.trainer.net)
                 self._say(f"fine-tuning: {n} top layers of the base unfrozen, "
                           f"learning rate {segment.learning_rate:g}")  # fmt: skip
-            self.schedule = cosine_schedule(segment.learning_rate, segment.decay_steps)
+            # Cosine decay to a tenth over the phase: large steps early, and a settled model
+            # (and BatchNorm statistics) by the last epoch, whatever the strategy.
+            self.schedule = keras.optimizers.schedules.CosineDecay(
+                segment.learning_rate, decay_steps=segment.decay_steps, alpha=0.1
+            )
             # Under parameter servers a float rate, which the coordinator sets (`mdtrain.ps`).
             rate = segment.learning_rate if self.loop == "ps" else self.schedule
             self.trainer.compile(optimizer=keras.optimizers.Adam(rate))
-
-    def _restore_finished(self, point) -> None:
-        """Loads a backup taken at the very end of the run: its weights are the result."""
-        from mdtrain.backup import restore
-        from mdtrain.models import unfreeze_top
-
-        self._say("the backup is at the end of the run: its weights are the result")
-        if point.phase == 1:  # the layers fine-tuning unfroze, as the run left them
-            with self.strategy.scope():
-                unfreeze_top(self.trainer.net)
-        restore(self.trainer, point, with_optimizer=False)
 
     def _run_segment(self, segment, point, callbacks: list, history) -> list[dict[str, float]]:
         """Runs one segment of the plan after the epochs of `history`; returns its rows."""
@@ -424,14 +359,14 @@ class _Run:
             restore(self.trainer, point, with_optimizer=segment.restore_optimizer)
         if config.backup_dir:
             callbacks = [*callbacks, Backup(
-                config.backup_dir, self.fingerprint(), segment.phase, inputs.steps_per_epoch,
+                config.backup_dir, self.fingerprint, segment.phase, inputs.steps_per_epoch,
                 config.backup_every_steps, step_offset=segment.skip_steps, write=self.chief,
                 history=history, resumed_from=point.path,
             )]  # fmt: skip
         run = dict(
             epochs=segment.last_epoch,
             initial_epoch=segment.first_epoch,
-            steps_per_epoch=segment.steps(inputs.steps_per_epoch),
+            steps_per_epoch=inputs.steps_per_epoch - segment.skip_steps,
             callbacks=callbacks,
             verbose=config.verbose,
         )
@@ -458,14 +393,18 @@ class _Run:
 def write_outputs(output, net, history, report: dict, chief: bool = True) -> None:
     """Writes a run's `model.keras`, `history.json` and `report.json`: the one output writer.
 
-    `model.keras` holds Keras' own layers (`portable_model`). Only the chief's
-    files are kept; the other workers of a multi-worker run write to a
-    temporary folder that is deleted (saving may involve collectives). Files
-    that cannot be written go to a new temporary folder, named in the error
-    (`mdtrain.outputs`).
+    `model.keras` holds Keras' own `BatchNormalization` in place of mdtrain's
+    exact layer (at inference both use the moving statistics), so it predicts
+    what `net` predicts and loads with plain `keras.models.load_model` in a
+    process that never imports mdtrain. Only the chief's files are kept: the
+    other workers of a multi-worker run take part in saving (it can involve
+    collectives) into a temporary folder that is then deleted. If `output`
+    cannot be written (the disk filled up, the folder went away), the files go
+    to a new temporary folder named in the error: a full disk does not cost
+    the hours of training before it.
 
     Args:
-        output: the `--output` folder.
+        output: the `--output` folder, created if missing.
         net: the trained classifier.
         history: JSON-able metrics history.
         report: the JSON-able report.
@@ -474,34 +413,25 @@ def write_outputs(output, net, history, report: dict, chief: bool = True) -> Non
     Raises:
         UsageError: when `output` could not be written (the files are elsewhere).
     """
-    from mdtrain.outputs import save_and_discard, save_or_rescue
-
-    def save(out: Path) -> None:
-        portable_model(net).save(out / "model.keras")
-        (out / "history.json").write_text(json.dumps(history, indent=1))
-        (out / "report.json").write_text(json.dumps(report, indent=1))
-
-    if chief:
-        save_or_rescue(output, save)
-    else:
-        save_and_discard(save)
-
-
-def portable_model(net):
-    """`net` with Keras' own `BatchNormalization` in place of mdtrain's exact layer.
-
-    At inference the two compute the same thing (the moving statistics), so
-    the saved `model.keras` predicts what `net` predicts and loads with plain
-    `keras.models.load_model` in a process that never imports mdtrain.
-
-    Args:
-        net: a trained classifier (`TrainResult.model`).
-
-    Returns:
-        A copy of `net` with the same weights.
-    """
     import keras
 
     from mdtrain.norm import swap_batch_norm
 
-    return swap_batch_norm(net, keras.layers.BatchNormalization)
+    def save(out: Path) -> None:
+        swap_batch_norm(net, keras.layers.BatchNormalization).save(out / "model.keras")
+        (out / "history.json").write_text(json.dumps(history, indent=1))
+        (out / "report.json").write_text(json.dumps(report, indent=1))
+
+    if not chief:
+        with tempfile.TemporaryDirectory(
+            prefix="mdtrain-worker-", ignore_cleanup_errors=True
+        ) as out:
+            return save(Path(out))
+    try:
+        Path(output).mkdir(parents=True, exist_ok=True)
+        save(Path(output))
+    except OSError as e:
+        rescue = Path(tempfile.mkdtemp(prefix="mdtrain-run-"))
+        save(rescue)
+        raise UsageError(f"--output {output}: cannot write ({e.strerror or e}); "
+                         f"the run's outputs were saved to {rescue} instead") from None  # fmt: skip
