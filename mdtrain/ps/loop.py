@@ -169,7 +169,7 @@ def worker_dataset_fn(config, splits, global_batch_size: int):
 
     Args:
         config: the run's `TrainConfig`.
-        splits: its images (`mdtrain.training.run_splits`).
+        splits: its images (`mdtrain.data.Splits`).
         global_batch_size: images per step (one worker takes a whole step).
 
     Returns:
