@@ -168,12 +168,6 @@ def cache_folder() -> Path:
     return Path(base) / "mdtrain"
 
 
-def _manifest_path(files: list[str]) -> Path:
-    root = os.path.commonpath([os.path.abspath(f) for f in files])
-    digest = hashlib.sha256(os.fsencode(root)).hexdigest()[:16]
-    return cache_folder() / "checked" / f"{digest}.json"
-
-
 def _stat_key(path: str) -> list[int] | None:
     try:
         st = os.stat(path)
@@ -184,14 +178,6 @@ def _stat_key(path: str) -> list[int] | None:
 
 #: Version of the decode-check manifest; a manifest of another version is scanned again.
 _MANIFEST_VERSION = 2
-
-
-def _load_manifest(path: Path) -> dict:
-    try:
-        manifest = json.loads(path.read_text())
-        return manifest["files"] if manifest["version"] == _MANIFEST_VERSION else {}
-    except (OSError, ValueError, KeyError, TypeError):
-        return {}  # none yet, or unreadable: scan again
 
 
 def _save_manifest(path: Path, entries: dict) -> None:
@@ -228,8 +214,13 @@ def find_undecodable(files: list[str]) -> list[SkippedFile]:
     """
     if not files:
         return []
-    manifest = _manifest_path(files)
-    known = _load_manifest(manifest)
+    root = os.fsencode(os.path.commonpath([os.path.abspath(f) for f in files]))
+    manifest = cache_folder() / "checked" / f"{hashlib.sha256(root).hexdigest()[:16]}.json"
+    try:
+        saved = json.loads(manifest.read_text())
+        known = saved["files"] if saved["version"] == _MANIFEST_VERSION else {}
+    except (OSError, ValueError, KeyError, TypeError):
+        known = {}  # none yet, or unreadable: scan again
     keys = {f: _stat_key(f) for f in files}
     todo = [f for f in files if f not in known or known[f][:2] != keys[f]]
     reasons = {f: known[f][2] for f in files if f not in todo}

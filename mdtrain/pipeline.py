@@ -52,7 +52,7 @@ import tensorflow as tf
 
 from mdtrain.augment import AugmentPolicy, augment_batch, draw_packed
 from mdtrain.choices import CACHE_MODES  # the values of `cache=` and of `mdtrain train --cache`
-from mdtrain.data import ImageList, SkippedFile, Splits, cache_folder, tf_paths
+from mdtrain.data import ImageList, Splits, cache_folder, tf_paths
 from mdtrain.distribute import shard_by_batch
 from mdtrain.errors import UsageError
 from mdtrain.images import load_image
@@ -279,10 +279,6 @@ class InputData:
     @property
     def num_val(self) -> int:
         return len(self.splits.val) if self.splits.val is not None else 0
-
-    @property
-    def skipped(self) -> list[SkippedFile]:
-        return self.splits.skipped
 
     @property
     def steps_per_epoch(self) -> int:
