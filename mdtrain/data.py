@@ -180,16 +180,6 @@ def _stat_key(path: str) -> list[int] | None:
 _MANIFEST_VERSION = 2
 
 
-def _save_manifest(path: Path, entries: dict) -> None:
-    """Writes atomically; a cache that cannot be written only costs a rescan next time."""
-    with contextlib.suppress(OSError):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-        with os.fdopen(fd, "w") as f:
-            json.dump({"version": _MANIFEST_VERSION, "files": entries}, f)
-        os.replace(tmp, path)
-
-
 def find_undecodable(files: list[str]) -> list[SkippedFile]:
     """Decodes every file with the training decoder and returns those that fail.
 
@@ -227,7 +217,13 @@ def find_undecodable(files: list[str]) -> list[SkippedFile]:
     reasons.update(_scan(todo))
     if todo:
         known.update({f: [*keys[f], reasons[f]] for f in todo if keys[f] is not None})
-        _save_manifest(manifest, known)
+        # Written atomically; a manifest that cannot be written only costs a rescan next time.
+        with contextlib.suppress(OSError):
+            manifest.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=manifest.parent, suffix=".tmp")
+            with os.fdopen(fd, "w") as f:
+                json.dump({"version": _MANIFEST_VERSION, "files": known}, f)
+            os.replace(tmp, manifest)
     return [SkippedFile(f, reasons[f]) for f in files if reasons[f] is not None]
 
 
