@@ -197,8 +197,9 @@ class InputData:
         cache_dir: folder of a disk cache; None uses mdtrain's cache folder
             (`mdtrain.data.cache_folder()`). Defaults to None.
         cache_task: this process's task in a multi-worker cluster
-            (`"worker-1"`), so that each fills a disk cache of its own
-            (see `_claim`); None outside one. Defaults to None.
+            (`"worker-1"`), so that each fills a disk cache of its own (a
+            shared one would have them all write the same files); None
+            outside one. Defaults to None.
 
     Example:
 
@@ -255,8 +256,6 @@ class InputData:
         folder = self.cache_dir if self.cache_dir is not None else cache_folder() / "decoded"
         where = Path(folder) / f"mdtrain-{h.hexdigest()[:16]}"
         where.mkdir(parents=True, exist_ok=True)
-        # Each task of a multi-worker job fills its own: a shared folder would have them
-        # all write the same files.
         task = self.cache_task
         prefix = str(where / (split if task is None else f"{split}-{task}"))
         _claim(prefix)
