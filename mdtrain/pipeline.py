@@ -87,21 +87,17 @@ def _decode(names: tf.data.Dataset, image_size: int, deterministic: bool) -> tf.
     )
 
 
-def decoded_images(
-    images: ImageList, image_size: int, deterministic: bool = True
-) -> tf.data.Dataset:
+def decoded_images(images: ImageList, image_size: int) -> tf.data.Dataset:
     """Dataset of `(uint8 image, int32 label)` in file order, decoded in parallel.
 
     Args:
         images: files and labels.
         image_size: side of the square output.
-        deterministic: keep file order even when parallel decoding finishes
-            out of order. Defaults to True.
 
     Returns:
         An unbatched dataset.
     """
-    return _decode(_file_names(images), image_size, deterministic)
+    return _decode(_file_names(images), image_size, deterministic=True)
 
 
 def _epoch_seed(seed: int | tf.Tensor, epoch: int | tf.Tensor) -> int | tf.Tensor:
@@ -235,7 +231,7 @@ class InputData:
             self._train_cached = ds.cache(self._cache_file(self.splits.train, "train"))
         self.val_ds = None
         if self.num_val:
-            val = decoded_images(self.splits.val, self.image_size, deterministic=self.deterministic)
+            val = _decode(_file_names(self.splits.val), self.image_size, self.deterministic)
             if self.cache_mode != "none":
                 val = val.cache(self._cache_file(self.splits.val, "val"))
             self.val_ds = _set_options(
