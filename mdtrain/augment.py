@@ -312,8 +312,6 @@ def augment_batch(images: tf.Tensor, policy: AugmentPolicy, seed, kernel: str = 
     >>> augment_batch(batch, AugmentPolicy(), tf.constant([1, 2])).shape
     TensorShape([8, 64, 64, 3])
     """
-    if policy.is_identity:
-        return images
     return apply_packed(images, policy, draw_packed(images, policy, seed), kernel)
 
 

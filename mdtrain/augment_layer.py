@@ -68,7 +68,14 @@ class FusedAugmentation(keras.layers.Layer):
         if not training:
             return images
         seed = keras.random.randint((2,), 0, 2**31 - 1, dtype="int32", seed=self.generator)
-        return augment_batch(images, self.policy, _per_replica(seed))
+        # Which generator state each replica reads depends on how the strategy holds the
+        # layer's variable; folding in the replica's index gives every replica transforms
+        # of its own whatever it reads.
+        ctx = tf.distribute.get_replica_context()
+        if ctx is not None and ctx.num_replicas_in_sync > 1:
+            replica = tf.cast(ctx.replica_id_in_sync_group, tf.int32)
+            seed = tf.random.experimental.stateless_fold_in(seed, replica)
+        return augment_batch(images, self.policy, seed)
 
     def compute_output_spec(self, images, training=True) -> keras.KerasTensor:
         """Same shape and dtype as the input (a uint8 batch stays uint8)."""
@@ -85,14 +92,3 @@ class FusedAugmentation(keras.layers.Layer):
         config = dict(config)
         config["policy"] = AugmentPolicy(**config["policy"])  # brightness: a tuple again
         return super().from_config(config)
-
-
-def _per_replica(seed: tf.Tensor) -> tf.Tensor:
-    # Which generator state each replica reads depends on how the strategy holds the
-    # layer's variable; folding in the replica's index gives every replica transforms
-    # of its own whatever it reads.
-    ctx = tf.distribute.get_replica_context()
-    if ctx is None or ctx.num_replicas_in_sync == 1:
-        return seed
-    replica = tf.cast(ctx.replica_id_in_sync_group, tf.int32)
-    return tf.random.experimental.stateless_fold_in(seed, replica)

@@ -107,22 +107,10 @@ def resolve_layout(data_dir: str | os.PathLike) -> tuple[Path, Path | None]:
     return root, None
 
 
-def scan_class_folders(
-    folder: str | os.PathLike, class_names: list[str] | None = None
-) -> tuple[ImageList, list[str]]:
-    """Lists image files of a class-folder dataset, sorted by class then name.
+def _class_folders(folder, class_names: list[str] | None = None) -> tuple[ImageList, list[str]]:
+    """`(images, class_names)` of a folder of class folders, sorted by class then name.
 
-    Args:
-        folder: folder with one sub-folder per class.
-        class_names: classes the folder must have (a validation folder must use
-            the training folder's classes). Defaults to the sub-folders found.
-
-    Returns:
-        `(images, class_names)`, labels being indices into `class_names`.
-
-    Raises:
-        UsageError: if the folder is missing, has fewer than two classes, holds
-            no images, or its classes differ from `class_names`.
+    A validation folder passes the training folder's `class_names`, which it must have.
     """
     folder = Path(folder)
     found = _subfolders(folder)
@@ -146,20 +134,11 @@ def scan_class_folders(
     return ImageList(files, labels), found
 
 
-def split_validation(images: ImageList, fraction: float, seed: int) -> tuple[ImageList, ImageList]:
-    """Splits off a stratified, seeded validation set.
+def _split_validation(images: ImageList, fraction: float, seed: int) -> tuple[ImageList, ImageList]:
+    """`(train, val)`: a stratified, seeded share of each class held out, each sorted like `images`.
 
-    Every class gives the same fraction (rounded, at least one image when the
-    class has two or more, never all of them), so a rare class is left out of
-    neither validation nor training.
-
-    Args:
-        images: the images to split.
-        fraction: share of each class held out, in (0, 1).
-        seed: seed of the split; the same seed always gives the same split.
-
-    Returns:
-        `(train, val)`, each sorted like the input.
+    Every class gives the same fraction (rounded), so a rare class is left
+    out of neither validation nor training.
     """
     rng = random.Random(seed)
     by_class: dict[int, list[int]] = {}
@@ -189,12 +168,6 @@ def cache_folder() -> Path:
     return Path(base) / "mdtrain"
 
 
-def _manifest_path(files: list[str]) -> Path:
-    root = os.path.commonpath([os.path.abspath(f) for f in files])
-    digest = hashlib.sha256(os.fsencode(root)).hexdigest()[:16]
-    return cache_folder() / "checked" / f"{digest}.json"
-
-
 def _stat_key(path: str) -> list[int] | None:
     try:
         st = os.stat(path)
@@ -205,24 +178,6 @@ def _stat_key(path: str) -> list[int] | None:
 
 #: Version of the decode-check manifest; a manifest of another version is scanned again.
 _MANIFEST_VERSION = 2
-
-
-def _load_manifest(path: Path) -> dict:
-    try:
-        manifest = json.loads(path.read_text())
-        return manifest["files"] if manifest["version"] == _MANIFEST_VERSION else {}
-    except (OSError, ValueError, KeyError, TypeError):
-        return {}  # none yet, or unreadable: scan again
-
-
-def _save_manifest(path: Path, entries: dict) -> None:
-    """Writes atomically; a cache that cannot be written only costs a rescan next time."""
-    with contextlib.suppress(OSError):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-        with os.fdopen(fd, "w") as f:
-            json.dump({"version": _MANIFEST_VERSION, "files": entries}, f)
-        os.replace(tmp, path)
 
 
 def find_undecodable(files: list[str]) -> list[SkippedFile]:
@@ -249,15 +204,26 @@ def find_undecodable(files: list[str]) -> list[SkippedFile]:
     """
     if not files:
         return []
-    manifest = _manifest_path(files)
-    known = _load_manifest(manifest)
+    root = os.fsencode(os.path.commonpath([os.path.abspath(f) for f in files]))
+    manifest = cache_folder() / "checked" / f"{hashlib.sha256(root).hexdigest()[:16]}.json"
+    try:
+        saved = json.loads(manifest.read_text())
+        known = saved["files"] if saved["version"] == _MANIFEST_VERSION else {}
+    except (OSError, ValueError, KeyError, TypeError):
+        known = {}  # none yet, or unreadable: scan again
     keys = {f: _stat_key(f) for f in files}
     todo = [f for f in files if f not in known or known[f][:2] != keys[f]]
     reasons = {f: known[f][2] for f in files if f not in todo}
     reasons.update(_scan(todo))
     if todo:
         known.update({f: [*keys[f], reasons[f]] for f in todo if keys[f] is not None})
-        _save_manifest(manifest, known)
+        # Written atomically; a manifest that cannot be written only costs a rescan next time.
+        with contextlib.suppress(OSError):
+            manifest.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=manifest.parent, suffix=".tmp")
+            with os.fdopen(fd, "w") as f:
+                json.dump({"version": _MANIFEST_VERSION, "files": known}, f)
+            os.replace(tmp, manifest)
     return [SkippedFile(f, reasons[f]) for f in files if reasons[f] is not None]
 
 
@@ -312,9 +278,9 @@ def _dataset_folders(
 ) -> tuple[ImageList, ImageList | None, list[str]]:
     """`(train, val, class_names)` of a dataset's folders; `val` is None without a folder."""
     train_dir, found_val = resolve_layout(data_dir)
-    train, class_names = scan_class_folders(train_dir)
+    train, class_names = _class_folders(train_dir)
     val_folder = val_dir if val_dir is not None else found_val
-    val = None if val_folder is None else scan_class_folders(val_folder, class_names)[0]
+    val = None if val_folder is None else _class_folders(val_folder, class_names)[0]
     return train, val, class_names
 
 
@@ -361,7 +327,7 @@ def load_splits(
         )
     train, val, class_names = _dataset_folders(data_dir, val_dir)
     if val is None and validation_split > 0:
-        train, val = split_validation(train, validation_split, seed)
+        train, val = _split_validation(train, validation_split, seed)
     skipped: list[SkippedFile] = []
     if check_decoding:
         train, skipped = drop_undecodable(train)

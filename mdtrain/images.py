@@ -26,11 +26,6 @@ def extension_format(path: str | os.PathLike) -> str | None:
     return _EXTENSION_FORMAT.get(os.path.splitext(str(path))[1].lower())
 
 
-def is_image_name(path: str | os.PathLike) -> bool:
-    """Whether a file name has an image extension (.jpg .jpeg .png .gif .bmp, any case)."""
-    return extension_format(path) is not None
-
-
 def image_files(folder: str | os.PathLike) -> list[str]:
     """The image files under `folder`, recursively, sorted; hidden files and folders left out.
 
@@ -47,7 +42,7 @@ def image_files(folder: str | os.PathLike) -> list[str]:
         files += [
             os.path.join(dirpath, f)
             for f in sorted(filenames)
-            if not f.startswith(".") and is_image_name(f)
+            if not f.startswith(".") and extension_format(f) is not None
         ]
     return files
 

@@ -38,20 +38,29 @@ and the legacy `ImageDataGenerator`.
 
 from __future__ import annotations
 
+import glob
+import hashlib
+import json
 import math
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TextIO
 
 import numpy as np
 import tensorflow as tf
 
 from mdtrain.augment import AugmentPolicy, augment_batch, draw_packed
 from mdtrain.choices import CACHE_MODES  # the values of `cache=` and of `mdtrain train --cache`
-from mdtrain.data import ImageList, SkippedFile, Splits, cache_folder, tf_paths
-from mdtrain.disk_cache import cache_prefix, claim
+from mdtrain.data import ImageList, Splits, cache_folder, tf_paths
 from mdtrain.distribute import shard_by_batch
 from mdtrain.errors import UsageError
 from mdtrain.images import load_image
+
+try:
+    import fcntl
+except ImportError:  # Windows: no flock; a killed run's lockfile must be removed by hand
+    fcntl = None
 
 AUTOTUNE = tf.data.AUTOTUNE
 
@@ -78,33 +87,21 @@ def _decode(names: tf.data.Dataset, image_size: int, deterministic: bool) -> tf.
     )
 
 
-def decoded_images(
-    images: ImageList, image_size: int, deterministic: bool = True
-) -> tf.data.Dataset:
+def decoded_images(images: ImageList, image_size: int) -> tf.data.Dataset:
     """Dataset of `(uint8 image, int32 label)` in file order, decoded in parallel.
 
     Args:
         images: files and labels.
         image_size: side of the square output.
-        deterministic: keep file order even when parallel decoding finishes
-            out of order. Defaults to True.
 
     Returns:
         An unbatched dataset.
     """
-    return _decode(_file_names(images), image_size, deterministic)
+    return _decode(_file_names(images), image_size, deterministic=True)
 
 
-def epoch_seed(seed: int | tf.Tensor, epoch: int | tf.Tensor) -> int | tf.Tensor:
-    """A seed that depends on (seed, epoch) only: an int, or a tensor if either is one.
-
-    Args:
-        seed: the run's seed.
-        epoch: the epoch's number (or, for a step's seed, the step's).
-
-    Returns:
-        The seed.
-    """
+def _epoch_seed(seed: int | tf.Tensor, epoch: int | tf.Tensor) -> int | tf.Tensor:
+    """A seed of (seed, epoch) only (or of a step): an int, or a tensor if either is one."""
     if isinstance(seed, int):
         return (seed * 1_000_003 + epoch) % (2**63)
     return tf.cast(seed, tf.int64) * 1_000_003 + epoch
@@ -196,8 +193,9 @@ class InputData:
         cache_dir: folder of a disk cache; None uses mdtrain's cache folder
             (`mdtrain.data.cache_folder()`). Defaults to None.
         cache_task: this process's task in a multi-worker cluster
-            (`"worker-1"`), so that each fills a disk cache of its own
-            (`mdtrain.disk_cache`); None outside one. Defaults to None.
+            (`"worker-1"`), so that each fills a disk cache of its own (a
+            shared one would have them all write the same files); None
+            outside one. Defaults to None.
 
     Example:
 
@@ -233,7 +231,7 @@ class InputData:
             self._train_cached = ds.cache(self._cache_file(self.splits.train, "train"))
         self.val_ds = None
         if self.num_val:
-            val = decoded_images(self.splits.val, self.image_size, deterministic=self.deterministic)
+            val = _decode(_file_names(self.splits.val), self.image_size, self.deterministic)
             if self.cache_mode != "none":
                 val = val.cache(self._cache_file(self.splits.val, "val"))
             self.val_ds = _set_options(
@@ -241,18 +239,28 @@ class InputData:
             )
 
     def _cache_file(self, images: ImageList, split: str) -> str:
+        """The argument of `Dataset.cache`: "" (memory), or a disk prefix this process fills."""
         if self.cache_mode == "memory":
             return ""
+        # What is cached decides the prefix: the image side, the order, and every file's
+        # name, size and modification time, so a changed file is never served from an old cache.
         order = [self.seed, self.shuffle] if split == "train" else None
+        h = hashlib.sha256(json.dumps([self.image_size, order]).encode())
+        for f in images.files:
+            st = os.stat(f)
+            h.update(os.fsencode(f) + f"\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
         folder = self.cache_dir if self.cache_dir is not None else cache_folder() / "decoded"
-        prefix = cache_prefix(folder, images.files, self.image_size, order, split, self.cache_task)
-        claim(prefix)
+        where = Path(folder) / f"mdtrain-{h.hexdigest()[:16]}"
+        where.mkdir(parents=True, exist_ok=True)
+        task = self.cache_task
+        prefix = str(where / (split if task is None else f"{split}-{task}"))
+        _claim(prefix)
         return prefix
 
     def _shuffled(self, ds: tf.data.Dataset, epoch: int, buffer: int) -> tf.data.Dataset:
         if not self.shuffle:
             return ds
-        return ds.shuffle(buffer, seed=epoch_seed(self.seed, epoch),
+        return ds.shuffle(buffer, seed=_epoch_seed(self.seed, epoch),
                           reshuffle_each_iteration=False)  # fmt: skip
 
     @property
@@ -268,16 +276,8 @@ class InputData:
         return len(self.splits.val) if self.splits.val is not None else 0
 
     @property
-    def skipped(self) -> list[SkippedFile]:
-        return self.splits.skipped
-
-    @property
     def steps_per_epoch(self) -> int:
         return math.ceil(self.num_train / self.global_batch_size)
-
-    @property
-    def validation_steps(self) -> int:
-        return math.ceil(self.num_val / self.global_batch_size)
 
     def epoch_batches(self, epoch: int) -> tf.data.Dataset:
         """The training batches of one epoch; their order depends only on (seed, epoch).
@@ -314,7 +314,7 @@ class InputData:
 
         def augment(step, batch):
             images, labels = batch
-            step_seed = tf.stack([tf.cast(seed, tf.int64), epoch_seed(step, epoch)])
+            step_seed = tf.stack([tf.cast(seed, tf.int64), _epoch_seed(step, epoch)])
             if not in_model:
                 return augment_batch(images, policy, step_seed), labels
             # Drawn and composed here, applied by each replica to its slice.
@@ -340,3 +340,33 @@ class InputData:
         for epoch in range(first_epoch + 1, last_epoch):
             ds = ds.concatenate(self.epoch_batches(epoch))
         return _set_options(ds.prefetch(AUTOTUNE), self.deterministic)
+
+
+#: The disk caches this process fills, each with its lock, held until the process exits.
+_CLAIMED: dict[str, TextIO] = {}
+
+
+def _claim(prefix: str) -> None:
+    """Makes this process the one that fills the disk cache `prefix`, unless it is complete.
+
+    TensorFlow marks a cache being filled with `<prefix>_0.lockfile` and
+    refuses to fill it while that file exists, so a filler killed mid-fill
+    (preempted, out of memory) would stop every later run. This process takes
+    an OS lock (`fcntl.flock`) beside the cache, which the OS drops when its
+    holder dies: a live filler is reported in one line, a dead one's leftovers
+    are removed.
+    """
+    if fcntl is None or prefix in _CLAIMED or os.path.exists(prefix + ".index"):
+        return
+    lock = open(prefix + ".mdtrain-lock", "a")  # noqa: SIM115  (held until the process exits)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        lock.close()
+        raise UsageError(
+            f"--cache disk: another process is filling the cache {Path(prefix).parent} now; "
+            "wait until its first epoch ends, or use --cache memory or none"
+        ) from None
+    _CLAIMED[prefix] = lock
+    for leftover in glob.glob(glob.escape(prefix) + "_*"):  # a killed filler's
+        os.remove(leftover)

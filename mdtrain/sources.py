@@ -44,31 +44,20 @@ def _shape_polygon(shape: str, cx: float, cy: float, r: float, angle: float) -> 
     elif shape == "star":  # ten corners, alternately on the unit circle and at 0.45
         corners = zip([1.0, 0.45] * 5, np.linspace(0, 2 * math.pi, 11)[:10], strict=True)
         pts = [(r * math.cos(a), r * math.sin(a)) for r, a in corners]
-    elif shape == "cross":
+    else:  # cross
         w = 0.32
         pts = [(w, 1), (-w, 1), (-w, w), (-1, w), (-1, -w), (-w, -w), (-w, -1), (w, -1),
                (w, -w), (1, -w), (1, w), (w, w)]  # fmt: skip
-    else:
-        raise ValueError(shape)
     c, s = math.cos(angle), math.sin(angle)
     return [(cx + r * (c * x - s * y), cy + r * (s * x + c * y)) for x, y in pts]
 
 
-def draw_shape_image(shape: str, rng: np.random.Generator, size: int = 256) -> Image.Image:
-    """Draws one demo image: a shape of random colour, size, angle and place on clutter.
+def _draw_shape_image(shape: str, rng: np.random.Generator, size: int) -> Image.Image:
+    """One demo image: a shape of random colour, size, angle and place on clutter.
 
     The background is a colour gradient with noise and a few outlined
-    distractors, and the shape's size, angle, place and colour vary, so
+    distractors, and width and height each vary by ±25% around `size`, so
     telling the classes apart takes a few epochs of learning.
-
-    Args:
-        shape: one of `SHAPES`.
-        rng: random generator; the same state draws the same image.
-        size: nominal side in pixels; width and height each vary by ±25%.
-            Defaults to 256.
-
-    Returns:
-        An RGB PIL image.
     """
     w, h = (int(size * f) for f in rng.uniform(0.75, 1.25, 2))
     top, bottom = rng.uniform(0, 255, 3), rng.uniform(0, 255, 3)
@@ -167,7 +156,7 @@ def make_synthetic_dataset(
                 folder.mkdir(parents=True)
                 for i in range(n):
                     rng = np.random.default_rng([seed, offset, label, i])
-                    img = draw_shape_image(shape, rng, image_size)
+                    img = _draw_shape_image(shape, rng, image_size)
                     img.save(folder / f"{shape}_{i:05d}.jpg", quality=90)
         (tmp / _MARKER).write_text(json.dumps(params))
 

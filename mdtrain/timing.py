@@ -11,17 +11,12 @@ from collections.abc import Callable, Iterable, Mapping
 Pipeline = Iterable | Callable[[], Iterable]
 
 
-def _count_images(batch) -> int:
-    """Images in a batch: `(images, labels, ...)` tuples or bare image batches."""
-    return len(batch[0] if isinstance(batch, (tuple, list)) else batch)
-
-
 def _time_epoch(pipeline: Pipeline, batches: int | None, step: Callable | None) -> float:
     """Images per second of one pass over a fresh iterator (making it is not timed)."""
     iterator = iter(pipeline if isinstance(pipeline, Iterable) else pipeline())
     begin, images = time.perf_counter(), 0
     for i, batch in enumerate(iterator):
-        images += _count_images(batch)
+        images += len(batch[0] if isinstance(batch, (tuple, list)) else batch)
         if step is not None:
             step(batch)
         if batches is not None and i + 1 >= batches:
@@ -33,21 +28,6 @@ def _time_epoch(pipeline: Pipeline, batches: int | None, step: Callable | None) 
     if images == 0:
         raise ValueError("a pipeline gave no batches")
     return images / seconds
-
-
-def _warm_up(
-    pipeline: Pipeline,
-    warmup: bool | Iterable | Callable[[], object] | None,
-    batches: int | None,
-    step: Callable | None,
-) -> None:
-    """Runs a pipeline's warm-up: its own epoch (True), another iterable's, or a function."""
-    if warmup is True:
-        _time_epoch(pipeline, batches, step)
-    elif isinstance(warmup, Iterable):
-        _time_epoch(warmup, batches, step)
-    elif callable(warmup):
-        warmup()
 
 
 def time_epochs(
@@ -119,8 +99,12 @@ def time_epochs(
     rates: dict[str, list[float]] = {name: [] for name in pipelines}
     for _ in range(repeats):
         for name, pipeline in pipelines.items():
-            if not rates[name]:
-                _warm_up(pipeline, warmups[name], batches, step)
+            if not rates[name]:  # right before its first timing: its own epoch, or another's
+                own = warmups[name]
+                if own is True or isinstance(own, Iterable):
+                    _time_epoch(pipeline if own is True else own, batches, step)
+                elif callable(own):
+                    own()
             rates[name].append(_time_epoch(pipeline, batches, step))
     return {
         name: {

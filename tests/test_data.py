@@ -11,14 +11,11 @@ from PIL import Image
 
 from mdtrain import data
 from mdtrain.data import (
-    ImageList,
     cache_folder,
     check_dataset,
     find_undecodable,
     load_splits,
     resolve_layout,
-    scan_class_folders,
-    split_validation,
 )
 from mdtrain.errors import UsageError
 from mdtrain.images import sniff_format
@@ -32,8 +29,9 @@ def test_resolve_layout_finds_train_and_val(tiny_dataset):
 
 
 def test_scan_lists_classes_in_order_and_ignores_non_images(messy_dataset):
-    images, classes = scan_class_folders(messy_dataset)
-    assert classes == ["circle", "cross", "square"]
+    splits = load_splits(messy_dataset, check_decoding=False)
+    images = splits.train
+    assert splits.class_names == ["circle", "cross", "square"]
     names = {os.path.basename(f) for f in images.files}
     assert "README.txt" not in names
     assert "x.jpg" not in names  # inside a hidden folder
@@ -61,10 +59,12 @@ def test_validation_split_is_stratified_and_seeded(tiny_dataset):
     assert not set(a.train.files) & set(a.val.files)
 
 
-def test_validation_split_leaves_every_class_something_to_train_on():
-    images = ImageList(["a1", "a2", "a3", "b1"], [0, 0, 0, 1])
-    train, val = split_validation(images, 0.6, seed=0)
-    assert train.counts(2) == [1, 1] and val.counts(2) == [2, 0]
+def test_validation_split_leaves_every_class_something_to_train_on(tmp_path):
+    for name in ("a/1.jpg", "a/2.jpg", "a/3.jpg", "b/1.jpg"):
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).touch()
+    splits = load_splits(tmp_path, validation_split=0.6, check_decoding=False)
+    assert splits.train.counts(2) == [1, 1] and splits.val.counts(2) == [2, 0]
 
 
 def test_file_names_that_are_not_utf8_are_read(tmp_path):

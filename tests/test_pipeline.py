@@ -206,7 +206,7 @@ def test_unreadable_files_are_skipped_upstream(tmp_path, splits):
     messy = load_splits(root)
     assert len(messy.skipped) == 2
     data = InputData(messy, SIZE, BATCH, cache=False)
-    assert data.num_train == 50 and len(data.skipped) == 2
+    assert data.num_train == 50 and len(data.splits.skipped) == 2
     assert sum(len(y) for _, y in _batches(data.train_epochs(0, 1))) == 50
 
 
