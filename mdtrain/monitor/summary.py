@@ -117,7 +117,7 @@ class Summary(Rates):
     Args:
         steps, images, seconds, images_per_sec, step_time_s, input_wait_share:
             The run's `Rates` (warm-up excluded); ``input_wait_share`` is
-            ``None`` when unknown (``model.fit``).
+            ``None`` when unknown (a plain `model.fit`, parameter servers).
         devices: One `DeviceSummary` per GPU, then the CPU. Defaults to ``()``.
         verdict: One sentence from `verdict`. Defaults to ``""``.
     """
@@ -216,10 +216,10 @@ def rates_text(rates: Rates) -> str:
 
 
 def step_and_wait(rates: Rates) -> list[str]:
-    """``["step 25.9 ms", "input wait 12%"]``; the wait is ``unknown (model.fit)`` without one."""
+    """``["step 25.9 ms", "input wait 12%"]``; ``unknown`` without a wait figure."""
     step = f"{rates.step_time_s * 1000:.1f} ms" if rates.step_time_s is not None else "n/a"
     share = rates.input_wait_share
-    wait = f"{share:.0%}" if share is not None else "unknown (model.fit)"
+    wait = f"{share:.0%}" if share is not None else "unknown"
     return [f"step {step}", f"input wait {wait}"]
 
 
