@@ -44,7 +44,8 @@ def example_weights(weights: tf.Tensor):
         _local.weights = previous
 
 
-def _all_reduce_sum(values):
+def all_reduce_sum(values):
+    """`values` summed over the replicas in sync; as they are outside a strategy or on one."""
     ctx = tf.distribute.get_replica_context()
     if ctx is None or ctx.num_replicas_in_sync == 1:
         return values
@@ -69,10 +70,10 @@ def global_moments(x: tf.Tensor, weights: tf.Tensor | None = None):
     weights = tf.cast(weights, x.dtype)
     w = tf.reshape(weights, [-1] + [1] * (len(x.shape) - 1))
     local = [tf.reduce_sum(weights) * per_example, tf.reduce_sum(x * w, axes)]
-    count, total = _all_reduce_sum(local)
+    count, total = all_reduce_sum(local)
     count = tf.maximum(count, 1.0)
     mean = total / count
-    squares = _all_reduce_sum(tf.reduce_sum(tf.square(x - mean) * w, axes))
+    squares = all_reduce_sum(tf.reduce_sum(tf.square(x - mean) * w, axes))
     return mean, squares / count
 
 
