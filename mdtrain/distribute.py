@@ -221,16 +221,7 @@ def _multiworker_strategy() -> tf.distribute.Strategy:
 def resolve_global_batch_size(
     num_replicas: int, per_replica: int | None = None, global_batch: int | None = None
 ) -> int:
-    """Global batch = per-replica batch × replicas, from whichever one is given.
-
-    Args:
-        num_replicas: replicas in sync.
-        per_replica: examples per replica per step. Defaults to None.
-        global_batch: examples per step over all replicas. Defaults to None
-            (then 32 per replica when `per_replica` is None too).
-
-    Returns:
-        The global batch size.
+    """Global batch = per-replica batch × replicas, from whichever is given (else 32 per replica).
 
     Raises:
         UsageError: if both are given, one is not positive, or the global

@@ -224,13 +224,8 @@ class ExactTrainer(ExactFitHooks, keras.Model):
         weights = tf.cast(weights, tf.float32)
         predicted = tf.argmax(probabilities, axis=-1, output_type=tf.int32)
         correct = tf.cast(predicted == tf.cast(labels, tf.int32), tf.float32)
-        return tf.stack(
-            [
-                tf.reduce_sum(tf.cast(losses, tf.float32) * weights),
-                tf.reduce_sum(correct * weights),
-                tf.reduce_sum(weights),
-            ]
-        )
+        sums = [tf.cast(losses, tf.float32) * weights, correct * weights, weights]
+        return tf.stack([tf.reduce_sum(values) for values in sums])
 
     def _descend(self, data):
         """Applies one replica's gradients; returns the global example count and
