@@ -125,45 +125,6 @@ def without_autotuning(ds: tf.data.Dataset) -> tf.data.Dataset:
 
 
 @contextlib.contextmanager
-def _per_device_datasets_without_autotuning() -> Iterator[None]:
-    """Applies `without_autotuning` to the datasets `MirroredStrategy` makes per device.
-
-    `MultiDeviceIterator` builds one small dataset per device (a generator and
-    a one-element prefetch, nothing to tune) whose options do not come from
-    the user's dataset, so an input pipeline's own options cannot reach them.
-    Replaced for the block only: the user's own pipelines outside `train`
-    keep TensorFlow's behaviour.
-    """
-    make = multi_device_iterator_ops._create_device_dataset
-
-    def create_device_dataset(*args, **kwargs):
-        return without_autotuning(make(*args, **kwargs))
-
-    multi_device_iterator_ops._create_device_dataset = create_device_dataset
-    try:
-        yield
-    finally:
-        multi_device_iterator_ops._create_device_dataset = make
-
-
-@contextlib.contextmanager
-def _op_determinism(enabled: bool) -> Iterator[None]:
-    """Op determinism on for the block when `enabled`, then back as it was.
-
-    TensorFlow exports only `enable_op_determinism`; its `config` module has
-    the reading and the undoing.
-    """
-    before = tf_config.is_op_determinism_enabled()
-    if enabled:
-        tf_config.enable_op_determinism()
-    try:
-        yield
-    finally:
-        if enabled and not before:
-            tf_config.disable_op_determinism()
-
-
-@contextlib.contextmanager
 def run_settings(deterministic: bool = False) -> Iterator[None]:
     """What one `mdtrain.train` run changes in TensorFlow, undone when it ends.
 
@@ -175,8 +136,25 @@ def run_settings(deterministic: bool = False) -> Iterator[None]:
     Args:
         deterministic: turn TensorFlow's op determinism on. Defaults to False.
     """
-    with _per_device_datasets_without_autotuning(), _op_determinism(deterministic):
+    # `MultiDeviceIterator` builds one small dataset per device (a generator and a
+    # one-element prefetch, nothing to tune) whose options do not come from the user's
+    # dataset, so an input pipeline's own options cannot reach them: replaced for the
+    # block only, so the user's own pipelines outside `train` keep TensorFlow's behaviour.
+    make = multi_device_iterator_ops._create_device_dataset
+    multi_device_iterator_ops._create_device_dataset = lambda *args, **kwargs: without_autotuning(
+        make(*args, **kwargs)
+    )
+    # TensorFlow exports only `enable_op_determinism`; its `config` module has the
+    # reading and the undoing.
+    determinism_before = tf_config.is_op_determinism_enabled()
+    try:
+        if deterministic:
+            tf_config.enable_op_determinism()
         yield
+    finally:
+        multi_device_iterator_ops._create_device_dataset = make
+        if deterministic and not determinism_before:
+            tf_config.disable_op_determinism()
 
 
 check()

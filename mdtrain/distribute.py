@@ -22,6 +22,7 @@ in a fresh process (the CLI does).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from dataclasses import dataclass
@@ -75,13 +76,11 @@ def _cpu_runtime(replicas: int) -> None:
     if replicas < 2 or tf.config.threading.get_intra_op_parallelism_threads():
         return
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    try:
-        # Virtual CPUs share one intra-op pool: with every replica's ops spread over every
-        # core, their threads contend (spinning, stealing); one share each does the same
-        # work with less CPU time, and replicas of one step still run side by side.
+    # Virtual CPUs share one intra-op pool: with every replica's ops spread over every
+    # core, their threads contend (spinning, stealing); one share each does the same
+    # work with less CPU time, and replicas of one step still run side by side.
+    with contextlib.suppress(RuntimeError):  # TensorFlow has started: its pools stay
         tf.config.threading.set_intra_op_parallelism_threads(max(1, (cores or 1) // replicas))
-    except RuntimeError:
-        pass  # TensorFlow has started: its pools stay as they are
 
 
 def configure_devices(strategy: str = "auto", cpu_replicas: int = 2) -> None:
@@ -106,11 +105,10 @@ def configure_devices(strategy: str = "auto", cpu_replicas: int = 2) -> None:
     """
     check_strategy_name(strategy)
     gpus = tf.config.list_physical_devices("GPU")
-    for gpu in gpus:
-        try:  # take memory as needed rather than all of it up front
+    for gpu in gpus:  # take memory as needed rather than all of it up front
+        # RuntimeError: devices already initialised; growth was set before, or cannot be now
+        with contextlib.suppress(RuntimeError):
             tf.config.experimental.set_memory_growth(gpu, True)
-        except RuntimeError:
-            pass  # devices already initialised: growth was set before, or cannot be now
     m = _CPU.match(strategy)
     replicas = int(m.group(1)) if m else 1
     if m:
@@ -131,52 +129,6 @@ def _tpu_available() -> bool:
         return True
     except (ValueError, RuntimeError):
         return False
-
-
-def _tpu_strategy() -> tf.distribute.Strategy:
-    resolver = tf.distribute.cluster_resolver.TPUClusterResolver()
-    tf.config.experimental_connect_to_cluster(resolver)
-    tf.tpu.experimental.initialize_tpu_system(resolver)
-    return tf.distribute.TPUStrategy(resolver)
-
-
-def multiworker_strategy(timeout_s: float | None = None) -> tf.distribute.Strategy:
-    """MultiWorkerMirroredStrategy for a cluster described by TF_CONFIG or Slurm.
-
-    Under Slurm (SLURM_JOB_ID set and no TF_CONFIG) the cluster comes from
-    `SlurmClusterResolver`; otherwise from `TF_CONFIG`. (A TPU cluster resolver,
-    as some tutorials show, has nothing to do with multi-worker GPU training.)
-
-    Args:
-        timeout_s: seconds a collective may wait for a missing worker before
-            failing. Defaults to None (no timeout): TensorFlow 2.21 starts one
-            thread per collective that sleeps out the whole timeout, and with
-            exact batch normalization's dozens of collectives per step a
-            600 s timeout piled up thousands of threads until the workers
-            could start no more (measured: 8,800 threads per worker after
-            a minute). A lost worker is still detected: the coordination
-            service's heartbeats abort the collectives, and `mdtrain launch`
-            has its own hang timeout.
-
-    Returns:
-        The strategy.
-
-    Raises:
-        UsageError: if neither TF_CONFIG nor Slurm describes a cluster.
-    """
-    if os.environ.get("TF_CONFIG"):
-        resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
-    elif os.environ.get("SLURM_JOB_ID"):
-        resolver = tf.distribute.cluster_resolver.SlurmClusterResolver()
-    else:
-        raise UsageError(
-            "--strategy multiworker needs a cluster: set TF_CONFIG (see `mdtrain launch`) "
-            "or run under Slurm"
-        )
-    options = tf.distribute.experimental.CommunicationOptions(timeout_seconds=timeout_s)
-    return tf.distribute.MultiWorkerMirroredStrategy(
-        cluster_resolver=resolver, communication_options=options
-    )
 
 
 def make_strategy(strategy: str = "auto") -> tf.distribute.Strategy:
@@ -204,29 +156,32 @@ def make_strategy(strategy: str = "auto") -> tf.distribute.Strategy:
     if strategy == "ps":  # this process is the chief: it coordinates (`mdtrain.ps`)
         resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
         return tf.distribute.ParameterServerStrategy(resolver)
+    if strategy == "multiworker":
+        # First, before anything lists logical devices: MultiWorkerMirroredStrategy must
+        # configure its collectives before TensorFlow initialises its runtime.
+        return _multiworker_strategy()
     # A new MirroredStrategy over the devices of an earlier one would reuse its
     # collective keys ("Shape mismatch in the collective instance" on the second
     # train() call of a notebook): give each its own.
     fresh_collective_keys()
     gpus = tf.config.list_logical_devices("GPU")
-    if strategy == "auto":
-        if _tpu_available():
-            return _tpu_strategy()
-        if gpus:
-            return tf.distribute.MirroredStrategy()
-        strategy = f"cpu:{max(2, len(tf.config.list_logical_devices('CPU')))}"
+    cpus = tf.config.list_logical_devices("CPU")
+    if strategy == "auto" and _tpu_available():
+        strategy = "tpu"
+    elif strategy == "auto":
+        strategy = "mirrored" if gpus else f"cpu:{max(2, len(cpus))}"
+    elif strategy == "tpu" and not _tpu_available():
+        raise UsageError("--strategy tpu: no TPU found; use auto, mirrored or cpu:N")
+    if strategy == "tpu":
+        resolver = tf.distribute.cluster_resolver.TPUClusterResolver()
+        tf.config.experimental_connect_to_cluster(resolver)
+        tf.tpu.experimental.initialize_tpu_system(resolver)
+        return tf.distribute.TPUStrategy(resolver)
     if strategy == "mirrored":
         return tf.distribute.MirroredStrategy()
-    if strategy == "multiworker":
-        return multiworker_strategy()
-    if strategy == "tpu":
-        if not _tpu_available():
-            raise UsageError("--strategy tpu: no TPU found; use auto, mirrored or cpu:N")
-        return _tpu_strategy()
     if strategy == "one":
         return tf.distribute.OneDeviceStrategy("/gpu:0" if gpus else "/cpu:0")
     n = int(_CPU.match(strategy).group(1))
-    cpus = tf.config.list_logical_devices("CPU")
     if len(cpus) < n:
         raise UsageError(
             f"--strategy cpu:{n}: only {len(cpus)} CPU device(s); call configure_devices"
@@ -235,19 +190,38 @@ def make_strategy(strategy: str = "auto") -> tf.distribute.Strategy:
     return tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(n)])
 
 
+# `mdtrain.training`'s name for it, from when multi-worker setup was a separate step.
+strategy_for_run = make_strategy
+
+
+def _multiworker_strategy() -> tf.distribute.Strategy:
+    """MultiWorkerMirroredStrategy for a cluster described by TF_CONFIG or, failing that, Slurm.
+
+    No collective timeout: TensorFlow 2.21 starts one thread per collective that
+    sleeps out the whole timeout, and with exact batch normalization's dozens of
+    collectives per step a 600 s timeout piled up thousands of threads until the
+    workers could start no more (measured: 8,800 threads per worker after a
+    minute). A lost worker is still detected: the coordination service's
+    heartbeats abort the collectives, and `mdtrain launch` has its own hang timeout.
+    (A TPU cluster resolver, as some tutorials show, has nothing to do with
+    multi-worker GPU training.)
+    """
+    if os.environ.get("TF_CONFIG"):
+        resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    elif os.environ.get("SLURM_JOB_ID"):
+        resolver = tf.distribute.cluster_resolver.SlurmClusterResolver()
+    else:
+        raise UsageError(
+            "--strategy multiworker needs a cluster: set TF_CONFIG (see `mdtrain launch`) "
+            "or run under Slurm"
+        )
+    return tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver)
+
+
 def resolve_global_batch_size(
     num_replicas: int, per_replica: int | None = None, global_batch: int | None = None
 ) -> int:
-    """Global batch = per-replica batch × replicas, from whichever one is given.
-
-    Args:
-        num_replicas: replicas in sync.
-        per_replica: examples per replica per step. Defaults to None.
-        global_batch: examples per step over all replicas. Defaults to None
-            (then 32 per replica when `per_replica` is None too).
-
-    Returns:
-        The global batch size.
+    """Global batch = per-replica batch × replicas, from whichever is given (else 32 per replica).
 
     Raises:
         UsageError: if both are given, one is not positive, or the global
@@ -325,27 +299,22 @@ class BatchGeometry:
         return text
 
 
-def strategy_for_run(strategy: str = "auto") -> tf.distribute.Strategy:
-    """`make_strategy(strategy)`, creating a multi-worker strategy before anything else.
-
-    MultiWorkerMirroredStrategy must configure its collectives before
-    TensorFlow initialises its runtime, which listing logical devices does.
-    """
-    return multiworker_strategy() if strategy == "multiworker" else make_strategy(strategy)
-
-
 def task_id(strategy: tf.distribute.Strategy) -> int:
     """This process's index among the workers of its cluster (0 outside a cluster)."""
     resolver = getattr(strategy, "cluster_resolver", None)
     return int(getattr(resolver, "task_id", 0) or 0)
 
 
+def _cluster(strategy: tf.distribute.Strategy):
+    """The strategy's cluster resolver and its cluster as a dict (empty outside a cluster)."""
+    resolver = getattr(strategy, "cluster_resolver", None)
+    return resolver, resolver.cluster_spec().as_dict() if resolver is not None else {}
+
+
 def task_name(strategy: tf.distribute.Strategy) -> str | None:
     """This process's task in its cluster, such as `"worker-1"`; None outside a cluster."""
-    resolver = getattr(strategy, "cluster_resolver", None)
-    if resolver is None or not resolver.cluster_spec().as_dict():
-        return None
-    return f"{resolver.task_type}-{resolver.task_id}"
+    resolver, cluster = _cluster(strategy)
+    return f"{resolver.task_type}-{resolver.task_id}" if cluster else None
 
 
 def is_chief(strategy: tf.distribute.Strategy) -> bool:
@@ -354,11 +323,7 @@ def is_chief(strategy: tf.distribute.Strategy) -> bool:
     The chief is the task of type `chief`, or worker 0 when the cluster has no
     `chief` task; it alone writes outputs and backups and reports progress.
     """
-    resolver = getattr(strategy, "cluster_resolver", None)
-    cluster = resolver.cluster_spec().as_dict() if resolver is not None else {}
-    if not cluster:
+    resolver, cluster = _cluster(strategy)
+    if not cluster or resolver.task_type in (None, "chief"):
         return True
-    task_type = resolver.task_type
-    if task_type in (None, "chief"):
-        return True
-    return task_type == "worker" and resolver.task_id == 0 and "chief" not in cluster
+    return resolver.task_type == "worker" and resolver.task_id == 0 and "chief" not in cluster

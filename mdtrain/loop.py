@@ -29,16 +29,12 @@ import tensorflow as tf
 
 from mdtrain.augment import apply_packed
 from mdtrain.compat import ExactFitHooks
-from mdtrain.norm import example_weights
+from mdtrain.norm import all_reduce_sum, example_weights
 
 
 def global_example_count(local_batch_size) -> tf.Tensor:
     """Examples in the global batch: the sum of every replica's local count."""
-    local = tf.cast(local_batch_size, tf.float32)
-    ctx = tf.distribute.get_replica_context()
-    if ctx is None or ctx.num_replicas_in_sync == 1:
-        return local
-    return ctx.all_reduce(tf.distribute.ReduceOp.SUM, local)
+    return all_reduce_sum(tf.cast(local_batch_size, tf.float32))
 
 
 def replica_loss(per_example_loss: tf.Tensor, local_count=None, *, global_count=None) -> tf.Tensor:
@@ -89,22 +85,12 @@ def pad_empty_slice(images: tf.Tensor, labels: tf.Tensor):
     return images, labels, weights, count
 
 
-def compiled_step(strategy: tf.distribute.Strategy, step_fn, element_spec):
+def _compiled_step(strategy: tf.distribute.Strategy, step_fn, element_spec):
     """`strategy.run(step_fn, (batch,))` as one graph, traced once for `element_spec`.
 
-    Both `ExactTrainer.fit` and `custom_fit` run their steps through this, so
-    they execute the same graph and end with the same weights, bit for bit.
-    Tracing for the dataset's element spec (batch size unknown) also avoids a
-    second trace for the smaller last batch.
-
-    Args:
-        strategy: the strategy whose replicas run `step_fn`.
-        step_fn: a per-replica step taking one batch, e.g. `trainer.train_step`.
-        element_spec: `element_spec` of the distributed dataset or iterator.
-
-    Returns:
-        A `tf.function` taking one distributed batch and returning what
-        `step_fn` returned on the first local replica.
+    `fit` and `custom_fit` both run their steps through this, so they execute
+    the same graph and end with the same weights, bit for bit. Tracing for the
+    element spec (batch size unknown) avoids a second trace for the last batch.
     """
 
     @tf.function(input_signature=[element_spec])
@@ -140,7 +126,7 @@ class ExactTrainer(ExactFitHooks, keras.Model):
     """Wraps a classifier with train and test steps that are exact under a strategy.
 
     `fit` and `custom_fit` run every training step through the same compiled
-    step (`compiled_step`), so they end with the same weights bit for bit.
+    step, so they end with the same weights bit for bit.
     After each step `last_step` holds its real global batch size (all-reduced
     from the data, right for a partial batch and after a mid-epoch resume)
     and the seconds the loop waited for the batch; `mdtrain.monitor` reads it.
@@ -207,13 +193,6 @@ class ExactTrainer(ExactFitHooks, keras.Model):
     def metrics(self):
         return [self.loss_tracker, self.accuracy_metric]
 
-    def _example_losses(self, labels, probabilities, weighted: bool):
-        losses = self.per_example_loss(labels, probabilities)
-        if weighted and self.class_weights is not None:
-            weights = tf.gather(self.class_weights, tf.cast(labels, tf.int32))
-            losses = losses * tf.cast(weights, losses.dtype)
-        return losses
-
     def _update_metrics(self, labels, probabilities, losses, weights) -> dict:
         self.loss_tracker.update_state(losses, sample_weight=weights)
         self.accuracy_metric.update_state(labels, probabilities, sample_weight=weights)
@@ -245,13 +224,8 @@ class ExactTrainer(ExactFitHooks, keras.Model):
         weights = tf.cast(weights, tf.float32)
         predicted = tf.argmax(probabilities, axis=-1, output_type=tf.int32)
         correct = tf.cast(predicted == tf.cast(labels, tf.int32), tf.float32)
-        return tf.stack(
-            [
-                tf.reduce_sum(tf.cast(losses, tf.float32) * weights),
-                tf.reduce_sum(correct * weights),
-                tf.reduce_sum(weights),
-            ]
-        )
+        sums = [tf.cast(losses, tf.float32) * weights, correct * weights, weights]
+        return tf.stack([tf.reduce_sum(values) for values in sums])
 
     def _descend(self, data):
         """Applies one replica's gradients; returns the global example count and
@@ -260,7 +234,10 @@ class ExactTrainer(ExactFitHooks, keras.Model):
         global_count = global_example_count(count)
         with tf.GradientTape() as tape, example_weights(weights):
             probabilities = self.net(images, training=True)
-            losses = self._example_losses(labels, probabilities, weighted=True)
+            losses = self.per_example_loss(labels, probabilities)
+            if self.class_weights is not None:
+                class_weight = tf.gather(self.class_weights, tf.cast(labels, tf.int32))
+                losses = losses * tf.cast(class_weight, losses.dtype)
             loss = replica_loss(losses * tf.cast(weights, losses.dtype), global_count=global_count)
             # Identity unless mixed float16 wrapped the optimizer in a
             # LossScaleOptimizer, which then unscales in apply().
@@ -291,7 +268,7 @@ class ExactTrainer(ExactFitHooks, keras.Model):
         key = repr(iterator.element_spec)
         if key not in self._steps:
             build_optimizer(self)
-            self._steps[key] = compiled_step(
+            self._steps[key] = _compiled_step(
                 self.distribute_strategy, self._counted_train_step, iterator.element_spec
             )
         start = time.perf_counter()
@@ -305,7 +282,7 @@ class ExactTrainer(ExactFitHooks, keras.Model):
         # Evaluation never augments: transforms drawn for training are left unused.
         images, labels, weights, _ = pad_empty_slice(*data[:2])
         probabilities = self.net(images, training=False)
-        losses = self._example_losses(labels, probabilities, weighted=False)
+        losses = self.per_example_loss(labels, probabilities)  # no class weights
         return self._update_metrics(labels, probabilities, losses, weights)
 
 
@@ -348,9 +325,9 @@ def custom_fit(
         The `History` callback; `.history` maps metric names to per-epoch lists.
     """
     train_dist = strategy.experimental_distribute_dataset(train_ds)
-    val_dist = strategy.experimental_distribute_dataset(val_ds) if val_ds is not None else None
-    if val_dist is not None:
-        test_step = compiled_step(strategy, trainer.test_step, val_dist.element_spec)
+    if val_ds is not None:
+        val_dist = strategy.experimental_distribute_dataset(val_ds)
+        test_step = _compiled_step(strategy, trainer.test_step, val_dist.element_spec)
     history = keras.callbacks.History()
     cbs = keras.callbacks.CallbackList(
         [*(callbacks or []), history],
@@ -367,32 +344,23 @@ def custom_fit(
     for epoch in range(initial_epoch, epochs):
         trainer.reset_metrics()
         cbs.on_epoch_begin(epoch)
-        _train_epoch(trainer, iterator, cbs, steps_per_epoch, verbose)
+        for step in range(steps_per_epoch):
+            cbs.on_train_batch_begin(step)
+            trainer.train_one_step(iterator)
+            # Reading the metrics is a cross-worker reduction under multi-worker
+            # training, and each eager one starts threads: only a progress bar needs
+            # them every step.
+            cbs.on_train_batch_end(step, _results(trainer) if verbose == 1 else None)
         logs = _results(trainer)
-        if val_dist is not None:
-            _validate(trainer, val_dist, test_step, cbs, logs)
+        if val_ds is not None:  # one distributed pass, adding its `val_` metrics to `logs`
+            trainer.reset_metrics()
+            cbs.on_test_begin()
+            for batch in val_dist:
+                test_step(batch)
+            logs.update(_results(trainer, "val_"))
+            cbs.on_test_end(logs)
         cbs.on_epoch_end(epoch, logs)
         if trainer.stop_training:
             break
     cbs.on_train_end(logs)
     return history
-
-
-def _train_epoch(trainer: ExactTrainer, iterator, cbs, steps_per_epoch: int, verbose: int) -> None:
-    for step in range(steps_per_epoch):
-        cbs.on_train_batch_begin(step)
-        trainer.train_one_step(iterator)
-        # Reading the metrics is a cross-worker reduction under multi-worker
-        # training, and each eager one starts threads: only a progress bar needs
-        # them every step.
-        cbs.on_train_batch_end(step, _results(trainer) if verbose == 1 else None)
-
-
-def _validate(trainer: ExactTrainer, val_dist, test_step, cbs, logs: dict[str, float]) -> None:
-    """One distributed pass over the validation data; adds its `val_` metrics to `logs`."""
-    trainer.reset_metrics()
-    cbs.on_test_begin()
-    for batch in val_dist:
-        test_step(batch)
-    logs.update(_results(trainer, "val_"))
-    cbs.on_test_end(logs)

@@ -31,11 +31,7 @@ _local = threading.local()  # MirroredStrategy traces each replica in its own th
 
 @contextlib.contextmanager
 def example_weights(weights: tf.Tensor):
-    """Within this block, `ExactBatchNormalization` counts example i with `weights[i]` (0 or 1).
-
-    Args:
-        weights: shape (batch,), this replica's per-example weights.
-    """
+    """Within this block, `ExactBatchNormalization` counts example i with `weights[i]` (0 or 1)."""
     previous = getattr(_local, "weights", None)
     _local.weights = weights
     try:
@@ -44,7 +40,8 @@ def example_weights(weights: tf.Tensor):
         _local.weights = previous
 
 
-def _all_reduce_sum(values):
+def all_reduce_sum(values):
+    """`values` summed over the replicas in sync; as they are outside a strategy or on one."""
     ctx = tf.distribute.get_replica_context()
     if ctx is None or ctx.num_replicas_in_sync == 1:
         return values
@@ -52,15 +49,10 @@ def _all_reduce_sum(values):
 
 
 def global_moments(x: tf.Tensor, weights: tf.Tensor | None = None):
-    """Per-channel mean and (biased) variance of `x` over every replica's examples.
+    """Per-channel `(mean, biased variance)` of `x` over every replica's examples.
 
-    Args:
-        x: float tensor `(batch, ..., channels)`.
-        weights: optional `(batch,)` 0/1 weights; 0 leaves an example out.
-            Defaults to None (every example counts).
-
-    Returns:
-        `(mean, variance)`, each of shape `(channels,)`.
+    `x` is `(batch, ..., channels)`; an example whose 0/1 weight in `weights`
+    (shape `(batch,)`, default all 1) is 0 is left out.
     """
     axes = list(range(len(x.shape) - 1))
     if weights is None:
@@ -69,10 +61,10 @@ def global_moments(x: tf.Tensor, weights: tf.Tensor | None = None):
     weights = tf.cast(weights, x.dtype)
     w = tf.reshape(weights, [-1] + [1] * (len(x.shape) - 1))
     local = [tf.reduce_sum(weights) * per_example, tf.reduce_sum(x * w, axes)]
-    count, total = _all_reduce_sum(local)
+    count, total = all_reduce_sum(local)
     count = tf.maximum(count, 1.0)
     mean = total / count
-    squares = _all_reduce_sum(tf.reduce_sum(tf.square(x - mean) * w, axes))
+    squares = all_reduce_sum(tf.reduce_sum(tf.square(x - mean) * w, axes))
     return mean, squares / count
 
 
@@ -128,14 +120,8 @@ def swap_batch_norm(model: keras.Model, layer_class: type) -> keras.Model:
 
     With `ExactBatchNormalization` it makes a Keras model exact under any
     strategy; with `keras.layers.BatchNormalization` it undoes that, as
-    notebook 03 does to show what per-replica statistics change.
-
-    Args:
-        model: a functional or sequential Keras model.
-        layer_class: `ExactBatchNormalization` or `keras.layers.BatchNormalization`.
-
-    Returns:
-        The new model, with the same weights.
+    notebook 03 does to show what per-replica statistics change. The copy has
+    the same weights; `model` is functional or sequential.
     """
 
     def clone(layer):

@@ -19,18 +19,13 @@ MODES = ("auto", "float32")
 
 
 def choose_policy(mode: str, device_kinds: Iterable[str]) -> str:
-    """Returns the Keras dtype policy name for `mode` on devices of `device_kinds`.
+    """The Keras dtype policy name for `mode` on devices of `device_kinds`.
 
-    Args:
-        mode: `"auto"` (mixed precision: float16 on GPUs, bfloat16
-            elsewhere) or `"float32"` (none).
-        device_kinds: The kinds of the devices the strategy computes on, as
-            TensorFlow names them (`"GPU"`, `"CPU"`, `"TPU"`; any case).
-            A GPU among them means the GPUs compute.
-
-    Returns:
-        `"mixed_float16"`, `"mixed_bfloat16"` or `"float32"`, for
-        `keras.mixed_precision.set_dtype_policy`.
+    `mode` is `"auto"` (mixed precision: float16 on GPUs, bfloat16 elsewhere)
+    or `"float32"` (none). `device_kinds` are the types of the devices the
+    strategy computes on, as TensorFlow names them (`"GPU"`, `"CPU"`, `"TPU"`;
+    any case): a GPU among them means the GPUs compute. The name is one of
+    `"mixed_float16"`, `"mixed_bfloat16"`, `"float32"`.
 
     Raises:
         UsageError: If `mode` is not one of `MODES`.
@@ -54,9 +49,6 @@ def local_device_kinds() -> list[str]:
 
     Imports TensorFlow and initialises its devices: call it after
     `mdtrain.distribute.configure_devices`, never before.
-
-    Returns:
-        One device type per logical device.
     """
     import tensorflow as tf
 

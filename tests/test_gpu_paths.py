@@ -104,6 +104,80 @@ def test_the_fake_refuses_growth_after_init_as_tensorflow_does(fake_tf):
         config.experimental.set_memory_growth(config.gpus[0], True)
 
 
+# --- which strategy `make_strategy` makes on 0, 1 and 2 GPUs, a TPU, or 1 CPU ---------------
+
+
+@pytest.fixture
+def fake_strategies(monkeypatch):
+    """`make_strategy` against a fake `tf` that records the strategy it would make."""
+    distribute = pytest.importorskip("mdtrain.distribute")
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    monkeypatch.setattr(distribute, "fresh_collective_keys", lambda: None)
+
+    def make(gpus: int, cpus: int, tpu: bool = False):
+        listed = []
+
+        def list_logical_devices(kind):
+            listed.append(kind)
+            return [f"{kind}:{i}" for i in range(gpus if kind == "GPU" else cpus)]
+
+        def strategy(kind):
+            return lambda *args: (kind, *args)
+
+        monkeypatch.setattr(distribute, "_tpu_available", lambda: tpu)
+        monkeypatch.setattr(distribute, "tf", types.SimpleNamespace(
+            config=types.SimpleNamespace(list_logical_devices=list_logical_devices,
+                                         experimental_connect_to_cluster=lambda resolver: None),
+            tpu=types.SimpleNamespace(experimental=types.SimpleNamespace(
+                initialize_tpu_system=lambda resolver: None)),
+            distribute=types.SimpleNamespace(
+                MirroredStrategy=strategy("mirrored"), OneDeviceStrategy=strategy("one"),
+                TPUStrategy=strategy("tpu"),
+                cluster_resolver=types.SimpleNamespace(TPUClusterResolver=lambda: "resolver")),
+        ))  # fmt: skip
+        return distribute.make_strategy, listed
+
+    return make
+
+
+@pytest.mark.parametrize(
+    ("name", "gpus", "cpus", "tpu", "made"),
+    [
+        ("auto", 0, 4, False, ("mirrored", [f"/cpu:{i}" for i in range(4)])),  # laptop
+        ("auto", 1, 1, False, ("mirrored",)),  # Colab
+        ("auto", 2, 1, False, ("mirrored",)),  # Kaggle 2xT4
+        ("auto", 0, 1, True, ("tpu", "resolver")),
+        ("mirrored", 0, 1, False, ("mirrored",)),
+        ("one", 1, 1, False, ("one", "/gpu:0")),
+        ("one", 0, 1, False, ("one", "/cpu:0")),
+        ("cpu:2", 1, 2, False, ("mirrored", ["/cpu:0", "/cpu:1"])),
+    ],
+)
+def test_make_strategy_uses_the_devices_there_are(fake_strategies, name, gpus, cpus, tpu, made):
+    make_strategy, _ = fake_strategies(gpus, cpus, tpu)
+    assert make_strategy(name) == made
+
+
+@pytest.mark.parametrize(
+    ("name", "gpus", "cpus", "tpu", "words"),
+    [
+        ("auto", 0, 1, False, "only 1 CPU device"),  # virtual CPUs were not configured
+        ("tpu", 2, 1, False, "no TPU found"),
+        ("cpu:4", 0, 2, False, "only 2 CPU device"),
+        ("multiworker", 0, 1, False, "needs a cluster"),
+    ],
+)
+def test_make_strategy_says_what_is_missing_in_one_line(fake_strategies, name, gpus, cpus, tpu,
+                                                        words):  # fmt: skip
+    make_strategy, listed = fake_strategies(gpus, cpus, tpu)
+    with pytest.raises(UsageError, match=words) as raised:
+        make_strategy(name)
+    assert "\n" not in str(raised.value)
+    if name == "multiworker":  # before anything starts TensorFlow's runtime
+        assert listed == []
+
+
 # --- mixed precision ---------------------------------------------------------------
 
 
