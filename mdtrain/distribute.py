@@ -190,10 +190,6 @@ def make_strategy(strategy: str = "auto") -> tf.distribute.Strategy:
     return tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(n)])
 
 
-# `mdtrain.training`'s name for it, from when multi-worker setup was a separate step.
-strategy_for_run = make_strategy
-
-
 def _multiworker_strategy() -> tf.distribute.Strategy:
     """MultiWorkerMirroredStrategy for a cluster described by TF_CONFIG or, failing that, Slurm.
 

@@ -177,7 +177,7 @@ class _Run:
         from mdtrain.data import load_splits
         from mdtrain.sources import ensure_demo_dataset
 
-        self.strategy = distribute.strategy_for_run(config.strategy)  # first: multi-worker setup
+        self.strategy = distribute.make_strategy(config.strategy)  # first: multi-worker setup
         keras.utils.set_random_seed(config.seed)  # op determinism: `train`'s run_settings
         self.chief = distribute.is_chief(self.strategy)
         self.config = config if self.chief else dataclasses.replace(config, verbose=0)
