@@ -57,7 +57,11 @@ _FILES, _KEEP = {NET_FILE, STATE_FILE, MANIFEST_FILE}, 2
 
 
 def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+    digest = hashlib.sha256()  # block by block: the optimizer state can be a gigabyte
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def _corrupt(backup_dir, ckpt: Path, why: str) -> UsageError:

@@ -286,7 +286,8 @@ class ExactTrainer(ExactFitHooks, keras.Model):
         return self._update_metrics(labels, probabilities, losses, weights)
 
 
-def _results(trainer: keras.Model, prefix: str = "") -> dict[str, float]:
+def metric_logs(trainer: keras.Model, prefix: str = "") -> dict[str, float]:
+    """The trainer's metrics as Keras logs, `{prefix + name: value}` (`"val_"` for validation)."""
     return {prefix + m.name: float(m.result()) for m in trainer.metrics}
 
 
@@ -350,14 +351,14 @@ def custom_fit(
             # Reading the metrics is a cross-worker reduction under multi-worker
             # training, and each eager one starts threads: only a progress bar needs
             # them every step.
-            cbs.on_train_batch_end(step, _results(trainer) if verbose == 1 else None)
-        logs = _results(trainer)
+            cbs.on_train_batch_end(step, metric_logs(trainer) if verbose == 1 else None)
+        logs = metric_logs(trainer)
         if val_ds is not None:  # one distributed pass, adding its `val_` metrics to `logs`
             trainer.reset_metrics()
             cbs.on_test_begin()
             for batch in val_dist:
                 test_step(batch)
-            logs.update(_results(trainer, "val_"))
+            logs.update(metric_logs(trainer, "val_"))
             cbs.on_test_end(logs)
         cbs.on_epoch_end(epoch, logs)
         if trainer.stop_training:

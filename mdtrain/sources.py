@@ -43,7 +43,7 @@ def _shape_polygon(shape: str, cx: float, cy: float, r: float, angle: float) -> 
         pts = [(math.cos(a), math.sin(a)) for a in np.linspace(0, 2 * math.pi, 4)[:3]]
     elif shape == "star":  # ten corners, alternately on the unit circle and at 0.45
         corners = zip([1.0, 0.45] * 5, np.linspace(0, 2 * math.pi, 11)[:10], strict=True)
-        pts = [(r * math.cos(a), r * math.sin(a)) for r, a in corners]
+        pts = [(k * math.cos(a), k * math.sin(a)) for k, a in corners]
     else:  # cross
         w = 0.32
         pts = [(w, 1), (-w, 1), (-w, w), (-1, w), (-1, -w), (-w, -w), (-w, -1), (w, -1),

@@ -46,7 +46,9 @@ def test_options_parameter_servers_lack_are_one_line_errors(option, value, monke
     with pytest.raises(UsageError, match="07_choosing_a_strategy") as caught:
         TrainConfig(strategy="ps", **{option: value}).validate()
     assert "\n" not in str(caught.value) and caught.value.argument == option
-    TrainConfig(**{option: value})  # the other strategies have it
+    # The other strategies have it (fine-tuning needs a pretrained base).
+    base = {"model": "efficientnet-lite0", "weights": "imagenet"}
+    TrainConfig(**{option: value}, **(base if option == "fine_tune_epochs" else {})).validate()
 
 
 def test_strategy_ps_outside_a_chief_points_to_launch(monkeypatch):

@@ -42,7 +42,7 @@ class MarkAfter(keras.callbacks.Callback):
 def _chief(argv: list[str]) -> int:
     extra = argparse.ArgumentParser(add_help=False)
     extra.add_argument("--log-every", type=int, default=TrainConfig.log_every,
-                       help="steps per point of the loss curve (default: 10)")  # fmt: skip
+                       help="steps per point of the loss curve")  # fmt: skip
     extra.add_argument("--mark-after", type=int,
                        help="fault drill: create --mark-file after this many steps")  # fmt: skip
     extra.add_argument("--mark-file", help="fault drill: the file to create")

@@ -16,7 +16,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from mdtrain.loop import StepStats, build_optimizer
+from mdtrain.loop import StepStats, build_optimizer, metric_logs
 
 
 def coordinator_fit(
@@ -153,7 +153,7 @@ def _evaluate(trainer, val_ds, cbs) -> dict[str, float]:
     cbs.on_test_begin()
     for batch in val_ds:
         trainer.test_step(batch)
-    logs = {f"val_{m.name}": float(m.result()) for m in trainer.metrics}
+    logs = metric_logs(trainer, "val_")
     cbs.on_test_end(logs)
     return logs
 
