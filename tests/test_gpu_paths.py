@@ -20,7 +20,8 @@ import pytest
 
 from mdtrain.errors import UsageError
 from mdtrain.gpus import worker_devices
-from mdtrain.monitor import NvmlReader, Sampler
+from mdtrain.monitor import Sampler
+from mdtrain.monitor.sampler import NvmlReader
 from mdtrain.precision import MODES, choose_policy
 
 # --- memory growth ---------------------------------------------------------------

@@ -12,18 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from mdtrain.monitor import (
-    DeviceSample,
-    NvmlReader,
-    Rates,
-    Sample,
-    Sampler,
-    ThroughputMeter,
-    resolve_display,
-    summarize,
-    verdict,
-)
+from mdtrain.monitor import DeviceSample, Sample, Sampler, verdict
 from mdtrain.monitor import sampler as sampler_module
+from mdtrain.monitor.callback import ThroughputMeter
+from mdtrain.monitor.sampler import NvmlReader
+from mdtrain.monitor.summary import Rates, resolve_display, summarize
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -292,9 +285,9 @@ def test_nvml_reads_a_real_gpu():
 
 def test_import_is_tensorflow_free():
     code = (
-        "import sys, mdtrain.monitor as m\n"
+        "import sys, mdtrain.monitor as m, mdtrain.monitor.summary as summary\n"
         "s = m.Sampler(0.05); s.start(); s.stop(); s.close()\n"
-        "m.verdict(0.1, 50.0); m.resolve_display('auto')\n"
+        "m.verdict(0.1, 50.0); summary.resolve_display('auto')\n"
         "bad = sorted(k for k in sys.modules if k.split('.')[0] in ('tensorflow', 'keras'))\n"
         "print(bad)\n"
     )

@@ -19,16 +19,8 @@ from __future__ import annotations
 
 import importlib
 
-from mdtrain.monitor.sampler import CpuReader, DeviceSample, NvmlReader, Sample, Sampler
-from mdtrain.monitor.summary import (
-    DeviceSummary,
-    Summary,
-    in_notebook_kernel,
-    resolve_display,
-    summarize,
-    verdict,
-)
-from mdtrain.monitor.throughput import Rates, ThroughputMeter
+from mdtrain.monitor.sampler import DeviceSample, Sample, Sampler
+from mdtrain.monitor.summary import DeviceSummary, Summary, verdict
 
 # Loaded on first access: Keras (and so TensorFlow) for the callback,
 # ipywidgets for the dashboard.
@@ -39,21 +31,14 @@ _LAZY = {
 }
 
 __all__ = [
-    "CpuReader",
     "Dashboard",
     "DeviceSample",
     "DeviceSummary",
     "MonitorCallback",
-    "NvmlReader",
-    "Rates",
     "Sample",
     "Sampler",
     "Summary",
-    "ThroughputMeter",
-    "in_notebook_kernel",
     "make_monitor",
-    "resolve_display",
-    "summarize",
     "verdict",
 ]
 

@@ -18,8 +18,7 @@ import ipywidgets as widgets
 import numpy as np
 
 from mdtrain.monitor.sampler import DeviceSample, Sample
-from mdtrain.monitor.summary import count, device_text, short_name, step_and_wait
-from mdtrain.monitor.throughput import Rates
+from mdtrain.monitor.summary import Rates, count, device_text, rate_figures
 
 MAX_POINTS = 600  # chart points kept: 2.5 minutes at the default refresh, thinned when drawn
 MAX_DRAWN = 150  # points drawn per line: more than the figure has pixels buys nothing
@@ -163,7 +162,7 @@ class Dashboard:
                 f"<span style='font-size:1.5em;font-weight:bold'>{r.images_per_sec:.1f}</span>"
                 " images/sec"
             )
-        self.stats.value = " · ".join(step_and_wait(r))
+        self.stats.value = " · ".join(rate_figures(r)[1:])  # images/sec shows above
 
     def _show_devices(self, devices: tuple[DeviceSample, ...]) -> None:
         if set(self._rows) != {d.name for d in devices}:
@@ -201,13 +200,9 @@ def _clock(seconds: float) -> str:
 
 
 class Chart:
-    """Keeps one matplotlib figure and redraws it from new points.
+    """One matplotlib figure, redrawn from new points: reusing its lines makes a redraw cheaper.
 
-    Reusing the figure and its lines (``set_data``) instead of building a new
-    figure each time makes a redraw several times cheaper, and the bare
-    ``Figure`` (no pyplot) is safe off the main thread without touching the
-    notebook's own matplotlib backend. Longer histories than 150 points are
-    thinned evenly.
+    A bare ``Figure`` (no pyplot) is safe off the main thread and leaves the notebook's backend be.
     """
 
     def __init__(self) -> None:
@@ -244,7 +239,8 @@ class Chart:
             self.rate_ax.set_ylim(0, 1.1 * max(r for _, r in rated) or 1.0)
         for name in dict.fromkeys(name for _, _, util in points for name in util):
             if name not in self.util_lines:
-                (self.util_lines[name],) = self.util_ax.plot([], [], label=short_name(name))
+                label = name.split(" (")[0]  # "GPU 0" for "GPU 0 (NVIDIA T4)"
+                (self.util_lines[name],) = self.util_ax.plot([], [], label=label)
                 self.util_ax.legend(fontsize=7, loc="lower right")
             series = [(t, u[name]) for t, _, u in points if name in u]
             self.util_lines[name].set_data([t for t, _ in series], [u for _, u in series])

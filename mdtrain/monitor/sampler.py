@@ -68,16 +68,10 @@ class Sample:
 
 
 class CpuReader:
-    """Reads the host's CPU utilisation and this process's resident memory.
+    """Reads the host's CPU utilisation and this process's resident memory (RSS).
 
-    CPU utilisation is the average since the previous ``read()`` (psutil's
-    non-blocking mode), so the sampling thread never sleeps inside psutil.
-
-    Example:
-
-    ```python
-    print(CpuReader().read())
-    ```
+    Utilisation is the average since the previous ``read()`` (psutil's non-blocking
+    mode), so the sampling thread never sleeps inside psutil.
     """
 
     def __init__(self) -> None:
@@ -86,12 +80,7 @@ class CpuReader:
         psutil.cpu_percent(interval=None)  # primes the counter; the first call returns 0.0
 
     def read(self) -> DeviceSample:
-        """Reads the CPU once.
-
-        Returns:
-            A `DeviceSample` of kind ``"cpu"``: utilisation over all cores,
-            memory_used = this process's RSS, memory_total = host RAM.
-        """
+        """Reads the CPU once: utilisation over all cores, this process's RSS, the host's RAM."""
         try:
             rss = int(self._process.memory_info().rss)
         except psutil.Error:
@@ -122,16 +111,7 @@ def _visible_indices(count: int, uuids: list[str]) -> list[int]:
 class NvmlReader:
     """Reads utilisation, memory, power and temperature of each visible GPU.
 
-    Construction never raises: when NVML is missing or finds no GPU, ``error``
-    says why and ``read()`` returns an empty tuple.
-
-    Example:
-
-    ```python
-    reader = NvmlReader()
-    print(reader.error or [d.name for d in reader.read()])
-    reader.close()
-    ```
+    Never raises: without NVML or a GPU, ``error`` says why and ``read()`` returns ``()``.
     """
 
     def __init__(self) -> None:
@@ -161,11 +141,7 @@ class NvmlReader:
         return [name for name, _ in self._handles]
 
     def read(self) -> tuple[DeviceSample, ...]:
-        """Reads every visible GPU once.
-
-        Returns:
-            One `DeviceSample` per GPU; figures the board cannot report are ``None``.
-        """
+        """Reads every visible GPU once; figures the board cannot report are ``None``."""
         return tuple(_read(self._nvml, name, handle) for name, handle in self._handles)
 
     def close(self) -> None:
@@ -195,10 +171,8 @@ def _read(nv, name: str, handle) -> DeviceSample:
 def _memory(nv, handle):
     """Memory in use as `nvidia-smi` reports it: without the driver's reserve.
 
-    NVML's first memory query counts the driver's reserved memory as used
-    (480 MiB more than `nvidia-smi` on an idle H100, see
-    `benchmarks/nvml.json`); the version-2 query reports it apart. Drivers
-    older than R510 have only the first.
+    NVML's first query counts the reserve as used (480 MiB on an idle H100, see
+    `benchmarks/nvml.json`); the version-2 query (drivers from R510) leaves it out.
     """
     version = getattr(nv, "nvmlMemory_v2", None)
     info = _try(nv.nvmlDeviceGetMemoryInfo, handle, version=version) if version else None

@@ -14,7 +14,6 @@ from dataclasses import asdict, dataclass, replace
 
 from mdtrain.choices import MONITOR_DISPLAYS
 from mdtrain.monitor.sampler import DeviceSample, Sample
-from mdtrain.monitor.throughput import Rates
 
 # TensorFlow's profiler calls a program HIGHLY input-bound from 20% of step time
 # spent waiting for input, MODERATELY from 5% (its input-pipeline analyzer).
@@ -90,6 +89,18 @@ def verdict(
 
 
 @dataclass(frozen=True)
+class Rates:
+    """Throughput over some steps; a figure is ``None`` where nothing was measured."""
+
+    steps: int
+    images: int
+    seconds: float  # wall time of the steps, input wait included
+    images_per_sec: float | None
+    step_time_s: float | None
+    input_wait_share: float | None  # None when the loop did not report it (model.fit)
+
+
+@dataclass(frozen=True)
 class DeviceSummary:
     """Utilisation and memory of one device over a run.
 
@@ -112,12 +123,14 @@ class DeviceSummary:
 
 @dataclass(frozen=True)
 class Summary(Rates):
-    """What a training run used and how fast it went: its `Rates`, devices and verdict.
+    """What a training run used and how fast it went: throughput, devices and verdict.
 
     Args:
         steps, images, seconds, images_per_sec, step_time_s, input_wait_share:
-            The run's `Rates` (warm-up excluded); ``input_wait_share`` is
-            ``None`` when unknown (a plain `model.fit`, parameter servers).
+            The run's throughput, warm-up excluded: steps, global examples,
+            wall seconds (input wait included), their rates (``None`` with
+            nothing measured) and the share of step time spent waiting for
+            input (``None`` when unknown: a plain `model.fit`, parameter servers).
         devices: One `DeviceSummary` per GPU, then the CPU. Defaults to ``()``.
         verdict: One sentence from `verdict`. Defaults to ``""``.
     """
@@ -141,7 +154,7 @@ class Summary(Rates):
 
     def __str__(self) -> str:
         """The multi-line text form printed at the end of training."""
-        lines = [f"mdtrain monitor: {self.steps} steps, {rates_text(self)}"]
+        lines = [f"mdtrain monitor: {self.steps} steps, {', '.join(rate_figures(self))}"]
         for d in self.devices:
             memory = memory_text(d.peak_memory_used, d.memory_total)
             util = f"mean {percent(d.mean_utilization)}, peak {percent(d.peak_utilization)}"
@@ -153,24 +166,7 @@ class Summary(Rates):
 def summarize(
     rates: Rates, samples: Sequence[Sample], *, augments_on_device: bool = False
 ) -> Summary:
-    """Builds a `Summary` from measured rates and device samples.
-
-    Args:
-        rates: Throughput over the run, from `ThroughputMeter.train_rates`.
-        samples: Device samples taken during the run.
-        augments_on_device: Whether the training step augments (see
-            `verdict`). Defaults to ``False``.
-
-    Returns:
-        The `Summary`, verdict included.
-
-    Example:
-
-    ```python
-    summary = summarize(meter.train_rates(), sampler.history(since=t0))
-    print(summary.verdict)
-    ```
-    """
+    """The run's `Summary` from its rates and device samples, verdict included."""
     names = dict.fromkeys(d.name for s in samples for d in s.devices)
     devices = tuple(_device_summary(name, samples) for name in names)
     run = Summary(**asdict(rates), devices=devices)
@@ -199,28 +195,23 @@ def epoch_line(epoch: int, epochs: int | None, summary: Summary) -> str:
     ``epoch`` is zero-based and printed one-based, like Keras.
     """
     util = ", ".join(
-        f"{short_name(d.name)} {percent(d.mean_utilization)}"
+        f"{d.name.split(' (')[0]} {percent(d.mean_utilization)}"
         for d in summary.devices
         if d.mean_utilization is not None
     )
     return (
         f"epoch {count(epoch + 1, epochs)}: {summary.steps} steps, "
-        f"{rates_text(summary)}, util {util or 'n/a'}"
+        f"{', '.join(rate_figures(summary))}, util {util or 'n/a'}"
     )
 
 
-def rates_text(rates: Rates) -> str:
-    """``"1234.5 images/sec, step 25.9 ms, input wait 12%"`` (``n/a`` where unknown)."""
+def rate_figures(rates: Rates) -> list[str]:
+    """``["1234.5 images/sec", "step 25.9 ms", "input wait 12%"]``: ``n/a``, or ``unknown`` wait."""
     ips = f"{rates.images_per_sec:.1f}" if rates.images_per_sec is not None else "n/a"
-    return f"{ips} images/sec, " + ", ".join(step_and_wait(rates))
-
-
-def step_and_wait(rates: Rates) -> list[str]:
-    """``["step 25.9 ms", "input wait 12%"]``; ``unknown`` without a wait figure."""
     step = f"{rates.step_time_s * 1000:.1f} ms" if rates.step_time_s is not None else "n/a"
     share = rates.input_wait_share
     wait = f"{share:.0%}" if share is not None else "unknown"
-    return [f"step {step}", f"input wait {wait}"]
+    return [f"{ips} images/sec", f"step {step}", f"input wait {wait}"]
 
 
 def device_text(d: DeviceSample) -> str:
@@ -251,17 +242,8 @@ def count(n: int, total: int | None) -> str:
     return f"{n}/{total}" if total else f"{n}"
 
 
-def short_name(name: str) -> str:
-    """``"GPU 0"`` for ``"GPU 0 (NVIDIA T4)"``."""
-    return name.split(" (")[0]
-
-
 def in_notebook_kernel() -> bool:
-    """Whether this code runs inside an IPython kernel (Jupyter, Colab, Kaggle).
-
-    Returns:
-        ``True`` in a kernel; ``False`` in a terminal, a script or plain IPython.
-    """
+    """Whether this code runs inside an IPython kernel (Jupyter, Colab, Kaggle), not a terminal."""
     if "IPython" not in sys.modules:  # never import IPython just to ask
         return False
     try:
@@ -274,23 +256,8 @@ def in_notebook_kernel() -> bool:
 def resolve_display(display: str = "auto") -> str:
     """Turns ``display`` into ``"widget"``, ``"text"`` or ``"none"``.
 
-    ``"auto"`` picks the widget dashboard inside a notebook kernel that has
-    ipywidgets, unless ``MDTRAIN_SMOKE=1`` (CI logs want text); text otherwise.
-
-    Args:
-        display: One of ``"auto"``, ``"widget"``, ``"text"``, ``"none"``.
-            Defaults to ``"auto"``.
-
-    Returns:
-        The concrete choice.
-
-    Raises:
-        ValueError: For any other value.
-
-    Example:
-
-    >>> resolve_display("text")
-    'text'
+    ``"auto"`` picks the widget inside a notebook kernel that has ipywidgets,
+    unless ``MDTRAIN_SMOKE=1`` (CI logs want text); text otherwise.
     """
     if display not in MONITOR_DISPLAYS:
         raise ValueError(f"display must be one of {', '.join(MONITOR_DISPLAYS)}; got {display!r}")
