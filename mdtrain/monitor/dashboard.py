@@ -9,6 +9,7 @@ in microseconds (see benchmarks/monitor_overhead.py).
 from __future__ import annotations
 
 import collections
+import contextlib
 import html
 import io
 import threading
@@ -89,10 +90,8 @@ class Dashboard:
 
         def run() -> None:
             while not self._stop.wait(self.refresh_s):
-                try:
+                with contextlib.suppress(Exception):  # a display glitch must never stop training
                     self.update()
-                except Exception:  # a display glitch must never stop training
-                    pass
 
         self._thread = threading.Thread(target=run, name="mdtrain-dashboard", daemon=True)
         self._thread.start()

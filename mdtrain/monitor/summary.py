@@ -15,13 +15,6 @@ from dataclasses import asdict, dataclass, replace
 from mdtrain.choices import MONITOR_DISPLAYS
 from mdtrain.monitor.sampler import DeviceSample, Sample
 
-# TensorFlow's profiler calls a program HIGHLY input-bound from 20% of step time
-# spent waiting for input, MODERATELY from 5% (its input-pipeline analyzer).
-HIGHLY_INPUT_BOUND_SHARE = 0.20
-MODERATELY_INPUT_BOUND_SHARE = 0.05
-BUSY_UTILIZATION = 70.0
-IDLE_UTILIZATION = 40.0
-
 
 def verdict(
     input_wait_share: float | None,
@@ -59,16 +52,18 @@ def verdict(
     if augments_on_device:
         fixes = "cache the dataset, prefetch, or give the input pipeline more CPU cores"
     wait = input_wait_share
-    if wait is not None and wait >= MODERATELY_INPUT_BOUND_SHARE:
-        degree = "highly" if wait >= HIGHLY_INPUT_BOUND_SHARE else "moderately"
+    # TensorFlow's profiler (its input-pipeline analyzer) calls a program HIGHLY
+    # input-bound from 20% of step time spent waiting for input, MODERATELY from 5%.
+    if wait is not None and wait >= 0.05:
+        degree = "highly" if wait >= 0.20 else "moderately"
         return f"input-bound ({degree}): the devices waited {wait:.0%} of each step — {fixes}"
     if gpu_utilization is not None:
         util = f"the GPUs averaged {gpu_utilization:.0f}% utilisation"
         if wait is not None:
             util += f" and waited {wait:.0%} of each step on input"
-        if gpu_utilization >= BUSY_UTILIZATION:
+        if gpu_utilization >= 70.0:
             return f"compute-bound: {util} — the input pipeline keeps up"
-        if gpu_utilization < IDLE_UTILIZATION and wait is None:
+        if gpu_utilization < 40.0 and wait is None:
             return (
                 f"input-bound (likely): {util} with no input-wait figure — "
                 f"{fixes}, or train with mdtrain's ExactTrainer to measure the wait"
