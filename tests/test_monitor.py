@@ -14,9 +14,9 @@ import pytest
 
 from mdtrain.monitor import DeviceSample, Sample, Sampler, verdict
 from mdtrain.monitor import sampler as sampler_module
-from mdtrain.monitor.callback import ThroughputMeter
+from mdtrain.monitor.callback import ThroughputMeter, resolve_display
 from mdtrain.monitor.sampler import NvmlReader
-from mdtrain.monitor.summary import Rates, resolve_display, summarize
+from mdtrain.monitor.summary import Rates, summarize
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -285,9 +285,9 @@ def test_nvml_reads_a_real_gpu():
 
 def test_import_is_tensorflow_free():
     code = (
-        "import sys, mdtrain.monitor as m, mdtrain.monitor.summary as summary\n"
+        "import sys, mdtrain.monitor as m\n"
         "s = m.Sampler(0.05); s.start(); s.stop(); s.close()\n"
-        "m.verdict(0.1, 50.0); summary.resolve_display('auto')\n"
+        "m.verdict(0.1, 50.0)\n"
         "bad = sorted(k for k in sys.modules if k.split('.')[0] in ('tensorflow', 'keras'))\n"
         "print(bad)\n"
     )

@@ -1,4 +1,4 @@
-"""The Keras callback and its step meter: throughput, device samples, live view, summary.
+"""The Keras callback, its step meter and where it shows: throughput, samples, live view, summary.
 
 This is the only monitor module that imports Keras; ``mdtrain.monitor``
 exposes it lazily so the samplers stay importable without TensorFlow.
@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import importlib.util
+import os
 import sys
 import threading
 import time
@@ -16,15 +18,9 @@ from dataclasses import dataclass
 
 import keras
 
+from mdtrain.choices import MONITOR_DISPLAYS
 from mdtrain.monitor.sampler import Sampler
-from mdtrain.monitor.summary import (
-    Rates,
-    Summary,
-    epoch_line,
-    in_notebook_kernel,
-    resolve_display,
-    summarize,
-)
+from mdtrain.monitor.summary import Rates, Summary, epoch_line, summarize
 
 
 @dataclass
@@ -126,6 +122,32 @@ class ThroughputMeter:
         for row in recent:
             totals.add(*row)
         return totals.rates()
+
+
+def in_notebook_kernel() -> bool:
+    """Whether this code runs inside an IPython kernel (Jupyter, Colab, Kaggle), not a terminal."""
+    if "IPython" not in sys.modules:  # never import IPython just to ask
+        return False
+    try:
+        shell = sys.modules["IPython"].get_ipython()
+    except Exception:
+        return False
+    return shell is not None and getattr(shell, "kernel", None) is not None
+
+
+def resolve_display(display: str = "auto") -> str:
+    """Turns ``display`` into ``"widget"``, ``"text"`` or ``"none"``.
+
+    ``"auto"`` picks the widget inside a notebook kernel that has ipywidgets,
+    unless ``MDTRAIN_SMOKE=1`` (CI logs want text); text otherwise.
+    """
+    if display not in MONITOR_DISPLAYS:
+        raise ValueError(f"display must be one of {', '.join(MONITOR_DISPLAYS)}; got {display!r}")
+    if display != "auto":
+        return display
+    smoke = os.environ.get("MDTRAIN_SMOKE", "") not in ("", "0")
+    has_widgets = importlib.util.find_spec("ipywidgets") is not None
+    return "widget" if in_notebook_kernel() and has_widgets and not smoke else "text"
 
 
 class MonitorCallback(keras.callbacks.Callback):
