@@ -25,6 +25,8 @@ from mdtrain.monitor.summary import Rates, Summary, epoch_line, summarize
 
 @dataclass
 class _Totals:
+    """Figures summed over some steps, for `Rates`."""
+
     steps: int = 0
     images: int = 0
     seconds: float = 0.0
