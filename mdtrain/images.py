@@ -27,15 +27,7 @@ def extension_format(path: str | os.PathLike) -> str | None:
 
 
 def image_files(folder: str | os.PathLike) -> list[str]:
-    """The image files under `folder`, recursively, sorted; hidden files and folders left out.
-
-    Args:
-        folder: the folder to search.
-
-    Returns:
-        The paths (`folder` joined with each file's place under it), folder by
-        folder, each folder's files sorted by name.
-    """
+    """The image files under `folder`, recursively, sorted; hidden files and folders left out."""
     files = []
     for dirpath, dirnames, filenames in os.walk(folder):
         dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
@@ -48,15 +40,7 @@ def image_files(folder: str | os.PathLike) -> list[str]:
 
 
 def sniff_format(path: str | os.PathLike) -> str | None:
-    """The image format a file's first bytes announce, or None if none matches.
-
-    Args:
-        path: file to look at. Only its first 8 bytes are read.
-
-    Returns:
-        One of `"jpeg"`, `"png"`, `"gif"`, `"bmp"`, or None for content that is
-        not an image TensorFlow can decode (empty files included).
-    """
+    """The image format (`"jpeg"`, `"png"`, ...) a file's first 8 bytes announce, or None."""
     with open(path, "rb") as f:
         head = f.read(8)
     for magic, name in _MAGIC:
@@ -66,17 +50,7 @@ def sniff_format(path: str | os.PathLike) -> str | None:
 
 
 def decode_image(contents):
-    """Decodes JPEG, PNG, GIF or BMP bytes to a `uint8` tensor of shape (H, W, 3).
-
-    The format is detected from the bytes. Animated GIFs give their first
-    frame; grey images are expanded to three channels.
-
-    Args:
-        contents: scalar string tensor holding the file's bytes.
-
-    Returns:
-        A `uint8` tensor of rank 3 with static channel dimension.
-    """
+    """JPEG, PNG, GIF (first frame) or BMP bytes, by content, to a (H, W, 3) `uint8` tensor."""
     import tensorflow as tf
 
     image = tf.io.decode_image(contents, channels=3, expand_animations=False)
