@@ -18,8 +18,6 @@ from dataclasses import dataclass
 
 import tensorflow as tf
 
-INTERPOLATIONS = ("bilinear", "nearest")
-
 
 @dataclass(frozen=True)
 class AugmentPolicy:
@@ -58,9 +56,9 @@ class AugmentPolicy:
     def __post_init__(self) -> None:
         if self.brightness is not None:  # a tuple also when given a list, as JSON gives it
             object.__setattr__(self, "brightness", tuple(self.brightness))
-        if self.interpolation not in INTERPOLATIONS:
+        if self.interpolation not in ("bilinear", "nearest"):
             raise ValueError(
-                f"interpolation {self.interpolation!r}: expected one of {INTERPOLATIONS}"
+                f"interpolation {self.interpolation!r}: expected one of ('bilinear', 'nearest')"
             )
         if self.brightness is not None and not 0 <= self.brightness[0] <= self.brightness[1]:
             raise ValueError(f"brightness {self.brightness!r}: expected (lo, hi), 0 <= lo <= hi")

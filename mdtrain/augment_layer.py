@@ -29,12 +29,11 @@ class FusedAugmentation(keras.layers.Layer):
         policy: the `AugmentPolicy` (ImageDataGenerator's meaning of each
             transform). Defaults to None (`AugmentPolicy()`: flip, rotation
             ±20°, zoom ±15%).
-        seed: seed of the layer's random transforms: a new layer with the
-            same seed draws the same transforms, call after call, in a model
-            or a sequential `map`. (Parallel `map` calls share the layer's
-            generator in the order they run; for batches whose transforms
-            depend only on their position, use `mdtrain.augment_batch`
-            with a seed per batch, as `InputData` does.) Defaults to None (random).
+        seed: a new layer with the same seed draws the same transforms,
+            call after call, in a model or a sequential `map` (parallel `map`
+            calls share the generator in the order they run: for transforms
+            that depend only on a batch's position, use `mdtrain.augment_batch`
+            with a seed per batch). Defaults to None (random).
         **kwargs: passed to `keras.layers.Layer`.
 
     Input: a batch `(batch, height, width, channels)` of any dtype; integer

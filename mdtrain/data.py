@@ -1,14 +1,10 @@
 """Finding, splitting and checking image datasets laid out as class folders.
 
-A dataset is a folder with one sub-folder per class::
-
-    DIR/cats/001.jpg  DIR/dogs/002.png  ...
-
-or a folder holding ``train/`` and ``val/`` (or ``validation/``) that each look
-like that. Hidden files and folders and files without an image extension are
-ignored. Nothing here imports TensorFlow at import time, and nothing here ever
-modifies or deletes a file of the dataset: what mdtrain remembers about a
-dataset (which files decode) lives in its own cache folder, `cache_folder()`.
+A dataset is a folder of class folders (``DIR/cats/001.jpg``), or one holding
+``train/`` and ``val/`` (or ``validation/``) folders like that; hidden files and
+files without an image extension are ignored. Nothing here imports TensorFlow at
+import time or ever modifies a dataset's file: what mdtrain remembers about a
+dataset (which files decode) lives in its own `cache_folder()`.
 """
 
 from __future__ import annotations

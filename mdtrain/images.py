@@ -1,9 +1,8 @@
 """Reading one image file: what format its bytes hold, and decoding it.
 
-Checking a dataset, training on it and predicting use the same decoder
-(`load_image`), so a file that ``mdtrain data check`` passes is a file the
-training pipeline can read. The format is decided by the file's content,
-never by its extension. Nothing here imports TensorFlow at import time.
+Checking, training and predicting share one decoder (`load_image`), which goes
+by a file's content, never its extension, so a file that ``mdtrain data check``
+passes is one training can read. Nothing here imports TensorFlow at import time.
 """
 
 from __future__ import annotations

@@ -79,10 +79,6 @@ def _epoch_seed(seed: int | tf.Tensor, epoch: int | tf.Tensor) -> int | tf.Tenso
     return tf.cast(seed, tf.int64) * 1_000_003 + epoch
 
 
-#: Shuffle buffer (decoded images) after a disk cache: a bounded memory cost.
-DISK_SHUFFLE_BUFFER = 1024
-
-
 def resolve_cache(
     cache: bool | str, num_images: int, image_size: int, cache_dir=None, available=None
 ) -> str:
@@ -141,8 +137,7 @@ class InputData:
         cache_dir: folder of a disk cache; None uses mdtrain's cache folder
             (`$MDTRAIN_CACHE_DIR`, else `~/.cache/mdtrain`). Defaults to None.
         cache_task: this process's task in a multi-worker cluster
-            (`"worker-1"`), so that each fills a disk cache of its own (a
-            shared one would have them all write the same files); None
+            (`"worker-1"`), so that each fills a disk cache of its own; None
             outside one. Defaults to None.
 
     Example:
@@ -232,14 +227,13 @@ class InputData:
     def epoch_batches(self, epoch: int) -> tf.data.Dataset:
         """The training batches of one epoch; their order depends only on (seed, epoch).
 
-        Epoch 0 decodes the files in a seeded shuffle of their names (and,
-        when cached, fills the cache in that order); epoch k > 0 shuffles
-        that order again by a seed of k, the names when streaming, the cached
-        images otherwise, so `memory` and `none` give the same batches. After
-        a disk cache the shuffle buffer holds `DISK_SHUFFLE_BUFFER` images, so
-        its later epochs mix less. With `deterministic=False` parallel
-        decoding may hand images over slightly out of order (never across
-        epochs), which keeps every core busy when file costs vary.
+        Epoch 0 decodes the files in a seeded shuffle of their names (and
+        fills the cache in that order); epoch k > 0 shuffles that order again
+        by a seed of k, so `memory` and `none` give the same batches (after a
+        disk cache the shuffle buffer holds 1,024 images, so later epochs mix
+        less). With `deterministic=False` parallel decoding may hand images
+        over slightly out of order (never across epochs), which keeps every
+        core busy when file costs vary.
 
         Args:
             epoch: the epoch's number, from 0.
@@ -251,7 +245,8 @@ class InputData:
         cached = self._train_cached is not None
         ds = self._train_cached if cached else self._first_order
         if epoch > 0:  # epoch 0's order shuffled again, by a seed of this epoch's
-            buffer = DISK_SHUFFLE_BUFFER if self.cache_mode == "disk" else self.num_train
+            # After a disk cache, a buffer of 1,024 decoded images: a bounded memory cost.
+            buffer = 1024 if self.cache_mode == "disk" else self.num_train
             ds = self._shuffled(ds, epoch, buffer)
         if not cached:
             ds = _decode(ds, self.image_size, self.deterministic)
