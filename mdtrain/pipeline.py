@@ -1,19 +1,10 @@
 """tf.data input pipelines: decode, cache, shuffle, batch, augment, prefetch.
 
-Why the training pipeline is built as it is:
-
-- the order depends only on the seed and the *epoch number*, so a resumed
-  run sees the batches an uninterrupted one would; epoch 0 shuffles file
-  names, never a buffer of decoded images, so the first batch needs only its
-  own decodes;
-- images stay uint8 after decoding: a quarter of float32's memory and
-  host-to-device traffic;
-- batches are GLOBAL batches (the strategy splits each across replicas, and
-  `shard_by_batch` gives each worker its slice), the last partial one kept;
-- augmentation is one fused, XLA-compiled pass per batch (`mdtrain.augment`),
-  or only drawn here for the training step to apply (`augment_in="model"`).
-
-Notebook 02 builds the same pipeline stage by stage in plain tf.data.
+Images stay uint8 after decoding (a quarter of float32's memory and
+host-to-device traffic) and are batched by the GLOBAL batch size, the last
+partial batch kept: the strategy splits each batch across replicas, and
+`shard_by_batch` gives each worker its slice. Notebook 02 builds the same
+pipeline stage by stage in plain tf.data.
 """
 
 from __future__ import annotations
@@ -166,7 +157,8 @@ class InputData:
         self.cache_mode = resolve_cache(
             self.cache, self.num_train + self.num_val, self.image_size, self.cache_dir
         )
-        # Epoch 0's order: a shuffle of the names (whose buffer holds names only).
+        # Epoch 0's order: a shuffle of the names, never of decoded images, so the first
+        # batch waits for its own decodes only.
         self._first_order = self._shuffled(_file_names(self.splits.train), 0, self.num_train)
         self._train_cached = None
         if self.cache_mode != "none":

@@ -1,10 +1,8 @@
 """Datasets you can make or fetch: the synthetic demo, scikit-learn's digits, TF flowers.
 
-Each writes an ordinary class-folder dataset (``train/`` and ``val/``), so the
-rest of mdtrain treats them exactly like your own images. Writers never touch
-an existing folder: they build in a temporary folder beside the target and
-rename it into place, which also makes concurrent writers (several workers
-started at once) safe.
+Each is an ordinary class-folder dataset (``train/`` and ``val/``). Writers never
+touch an existing folder: they build in a temporary folder beside the target and
+rename it into place, which also makes concurrent writers (workers started at once) safe.
 """
 
 from __future__ import annotations
