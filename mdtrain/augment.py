@@ -1,29 +1,15 @@
 """Image augmentation as one fused pass per batch: geometry and colour together.
 
-Flip, rotation and zoom are drawn per image exactly as Keras' legacy
-`ImageDataGenerator` draws them (rotation uniform in ±R degrees, horizontal
-and vertical zoom each uniform in [1 - z, 1 + z], flip with probability 1/2),
-composed into a single 3×3 matrix, and applied to a whole batch in one
-resampling pass. One resampling instead of three is both faster and sharper
-than chaining Keras' RandomFlip, RandomRotation and RandomZoom layers.
+Flip, rotation and zoom are drawn per image as Keras' legacy
+`ImageDataGenerator` draws them and composed into one matrix per image;
+brightness and contrast become a per-image gain and per-channel offset. Each
+batch is then resampled once, which is faster and sharper than chaining Keras'
+RandomFlip, RandomRotation and RandomZoom layers.
 
-Brightness and contrast ride along in the same pass: they are a per-image
-gain and a per-image, per-channel offset applied to each resampled pixel
-before it is rounded, which costs almost nothing beside the resampling.
-Brightness has `ImageDataGenerator`'s `brightness_range` meaning (a factor
-uniform in [lo, hi] multiplies the pixels), contrast Keras' `RandomContrast`
-meaning (a factor uniform in [1 - c, 1 + c] scales each channel's distance to
-its mean).
-
-The resampling itself is a small gather kernel compiled by XLA: TensorFlow's
+The resampling is a small gather kernel compiled by XLA: TensorFlow's
 `ImageProjectiveTransformV3` op (what Keras' layers call) costs several times
-more than decoding the JPEG on CPU. Bilinear sampling (the default, as
-`ImageDataGenerator`'s `interpolation_order=1`) gathers four neighbours per
-pixel; nearest-neighbour sampling (`interpolation_order=0`, torchvision's
-default for rotations) gathers one and costs about half as much.
-
-Randomness is stateless: the same seed gives the same transforms, on any
-number of replicas, whether or not a run was interrupted and resumed.
+more than decoding the JPEG on CPU. Randomness is stateless: the same seed
+gives the same transforms on any number of replicas, resumed or not.
 """
 
 from __future__ import annotations
@@ -31,8 +17,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import tensorflow as tf
-
-INTERPOLATIONS = ("bilinear", "nearest")
 
 
 @dataclass(frozen=True)
@@ -52,7 +36,8 @@ class AugmentPolicy:
         contrast: scale each channel's distance to its mean by a factor
             uniform in [1 - contrast, 1 + contrast] (Keras' `RandomContrast`);
             0 for none. Defaults to 0.
-        interpolation: `"bilinear"` or `"nearest"` sampling. Defaults to `"bilinear"`.
+        interpolation: `"bilinear"` or `"nearest"` sampling (about half the
+            cost). Defaults to `"bilinear"`.
 
     Example:
 
@@ -71,9 +56,9 @@ class AugmentPolicy:
     def __post_init__(self) -> None:
         if self.brightness is not None:  # a tuple also when given a list, as JSON gives it
             object.__setattr__(self, "brightness", tuple(self.brightness))
-        if self.interpolation not in INTERPOLATIONS:
+        if self.interpolation not in ("bilinear", "nearest"):
             raise ValueError(
-                f"interpolation {self.interpolation!r}: expected one of {INTERPOLATIONS}"
+                f"interpolation {self.interpolation!r}: expected one of ('bilinear', 'nearest')"
             )
         if self.brightness is not None and not 0 <= self.brightness[0] <= self.brightness[1]:
             raise ValueError(f"brightness {self.brightness!r}: expected (lo, hi), 0 <= lo <= hi")
@@ -114,18 +99,7 @@ class AugmentPolicy:
 
 
 def sample_transforms(batch_size, policy: AugmentPolicy, seed) -> dict[str, tf.Tensor]:
-    """Draws the transform parameters of a batch, statelessly.
-
-    Args:
-        batch_size: number of images (a scalar tensor or int).
-        policy: the `AugmentPolicy`.
-        seed: shape-(2,) integer tensor; the same seed draws the same parameters.
-
-    Returns:
-        A dict of float32 tensors of shape (batch_size,): `theta` (radians),
-        `zx`, `zy` (zoom factors), `flip` (1.0 to mirror, else 0.0),
-        `brightness` and `contrast` (factors, 1.0 when the policy has none).
-    """
+    """Per-image `theta` (radians), `zx`, `zy`, `flip` (0 or 1), `brightness`, `contrast`."""
     u = tf.random.stateless_uniform([batch_size, 4], seed=seed)
     # Colour is drawn from a seed of its own, so adding it leaves the geometry unchanged.
     c = tf.random.stateless_uniform(
@@ -144,30 +118,10 @@ def sample_transforms(batch_size, policy: AugmentPolicy, seed) -> dict[str, tf.T
 
 
 def pack_transforms(params: dict[str, tf.Tensor], height, width) -> tf.Tensor:
-    """Each image's whole transform, composed once, as one row of 8 numbers.
+    """Each image's whole transform as a row of 8: an affine map (6), colour gain and offset.
 
-    The first six numbers compose rotation, zoom and flip into the affine map
-    from an output pixel (x, y) to the input point it samples, as
-    `ImageDataGenerator` does: centre, rotate, zoom, un-centre, then mirror
-    (TensorFlow's `ImageProjectiveTransformV3` order, without its last two,
-    projective, entries). The last two are the colour gain `b c` and the
-    factor `b (1 - c)` of each channel's mean: brightness `b` then contrast
-    `c`, `v * b` then `(v' - mean') * c + mean'` with `mean' = b * mean`, is
-    `v * (b c) + b mean (1 - c)`.
-
-    Rows can be applied (`apply_packed`) to any slice of the batch, on any
-    replica, and make the pixels that applying the whole batch makes: what
-    depends on how many values are computed together (the rotation's sine and
-    cosine, which TensorFlow's CPU kernels round differently in vectorised and
-    in scalar code) is computed here, once.
-
-    Args:
-        params: output of `sample_transforms`.
-        height: image height in pixels.
-        width: image width in pixels.
-
-    Returns:
-        A float32 tensor of shape (batch, 8).
+    Composed once here, so that any slice of the rows makes the pixels the whole batch
+    would: TensorFlow's CPU kernels round sin and cos differently in vectorised code.
     """
     theta, zx, zy, flip = params["theta"], params["zx"], params["zy"], params["flip"]
     cos, sin = tf.cos(theta), tf.sin(theta)
@@ -184,6 +138,8 @@ def pack_transforms(params: dict[str, tf.Tensor], height, width) -> tf.Tensor:
     shift = flip * (width - 1)
     a2, b2 = a2 + a0 * shift, b2 + b0 * shift
     a0, b0 = a0 * sign, b0 * sign
+    # Brightness b then contrast c, `v b` then `(v' - mean') c + mean'` with
+    # `mean' = b mean`, is `v (b c) + b (1 - c) mean`.
     b, c = params["brightness"], params["contrast"]
     return tf.stack([a0, a1, a2, b0, b1, b2, b * c, b * (1.0 - c)], axis=1)
 
@@ -193,25 +149,8 @@ def apply_packed(
 ) -> tf.Tensor:
     """Applies composed transforms (`pack_transforms`) in one resampling pass.
 
-    Composing and applying are apart so that they can run in different
-    places: the input pipeline draws and composes a batch's transforms from
-    the step's seed, and each replica applies its slice of them on its own
-    device (`mdtrain train --augment-in model`), to the pixels the pipeline
-    would have made.
-
-    Args:
-        images: tensor of shape (batch, height, width, channels), uint8 or float.
-        policy: the `AugmentPolicy` the transforms were drawn for (its fill
-            mode, interpolation, and whether it has colour).
-        packed: the images' rows of `pack_transforms`, shape (batch, 8).
-        kernel: `"xla"` (a compiled gather kernel, about 5x faster than
-            TensorFlow's op on CPU; `"nearest"` fill only, other fill modes
-            use the op) or `"op"` (`ImageProjectiveTransformV3`, what Keras'
-            layers call). Defaults to `"xla"`.
-
-    Returns:
-        The augmented batch, same shape and dtype; integer images are rounded
-        and clipped to their range, float images are not clipped.
+    Kept apart from composing so that each replica can apply its slice on its own device
+    (`--augment-in model`), to the pixels the input pipeline would have made.
     """
     if kernel not in ("xla", "op"):
         raise ValueError(f"kernel {kernel!r}: expected 'xla' or 'op'")
@@ -244,13 +183,12 @@ def _channel_means(images: tf.Tensor) -> tf.Tensor:
     return tf.reduce_mean(tf.cast(images, tf.float32), axis=[1, 2])
 
 
-def _resample(images, matrices, gain, offset, nearest: bool):
-    """Affine resampling with edge-clamped ("nearest") fill, then gain and offset.
+# One compiled kernel per batch shape, dtype and sampling (two shapes per run: full, last).
+@tf.function(jit_compile=True)
+def _resample_xla(images, matrices, gain, offset, nearest: bool):
+    """Affine resampling with edge-clamped (scipy's "nearest") fill, then gain and offset.
 
-    Every output pixel computes its source point, gathers its neighbours
-    (indices clamped to the image, which is exactly scipy's "nearest" fill)
-    and blends them. XLA fuses it all into one loop with no image-sized
-    temporaries; gain and offset are two more multiply-adds in that loop.
+    XLA fuses it all into one loop with no image-sized temporaries.
     """
     shape = tf.shape(images)
     batch, height, width = shape[0], shape[1], shape[2]
@@ -290,10 +228,6 @@ def _to_dtype(values: tf.Tensor, dtype: tf.DType) -> tf.Tensor:
     return tf.cast(values, dtype)
 
 
-# One compiled kernel per batch shape, dtype and sampling (two shapes per run: full, last).
-_resample_xla = tf.function(_resample, jit_compile=True)
-
-
 def augment_batch(images: tf.Tensor, policy: AugmentPolicy, seed, kernel: str = "xla") -> tf.Tensor:
     """Applies random flip, rotation, zoom, brightness and contrast in one pass.
 
@@ -301,10 +235,14 @@ def augment_batch(images: tf.Tensor, policy: AugmentPolicy, seed, kernel: str = 
         images: tensor of shape (batch, height, width, channels), uint8 or float.
         policy: the `AugmentPolicy`.
         seed: shape-(2,) integer tensor for stateless randomness.
-        kernel: resampling kernel, see `apply_packed`. Defaults to `"xla"`.
+        kernel: `"xla"` (a compiled gather kernel, about 5x faster than
+            TensorFlow's op on CPU; `"nearest"` fill only, other fill modes
+            use the op) or `"op"` (`ImageProjectiveTransformV3`, what Keras'
+            layers call). Defaults to `"xla"`.
 
     Returns:
-        The augmented batch, same shape and dtype.
+        The augmented batch, same shape and dtype; integer images are rounded
+        and clipped to their range, float images are not clipped.
 
     Example:
 
@@ -316,16 +254,7 @@ def augment_batch(images: tf.Tensor, policy: AugmentPolicy, seed, kernel: str = 
 
 
 def draw_packed(images: tf.Tensor, policy: AugmentPolicy, seed) -> tf.Tensor:
-    """Draws (`sample_transforms`) and composes (`pack_transforms`) a batch's transforms.
-
-    Args:
-        images: the batch the transforms are for, (batch, height, width, channels).
-        policy: the `AugmentPolicy`.
-        seed: shape-(2,) integer tensor for stateless randomness.
-
-    Returns:
-        A float32 tensor of shape (batch, 8), for `apply_packed`.
-    """
+    """Draws (`sample_transforms`) and composes (`pack_transforms`) a batch's transforms."""
     # From the tensor's shape, which is also known where the static shape is not.
     height, width = tf.unstack(tf.cast(tf.shape(images)[1:3], tf.float32))
     params = sample_transforms(tf.shape(images)[0], policy, seed)

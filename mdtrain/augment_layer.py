@@ -1,23 +1,10 @@
 """mdtrain's fused augmentation as a Keras layer, for your own model or tf.data pipeline.
 
-`FusedAugmentation(policy)` stands in for the stack Keras' tutorials write,
-`RandomFlip`, `RandomRotation`, `RandomZoom` (and `RandomBrightness`,
-`RandomContrast`), and does their work in one resampling pass
-(`mdtrain.augment.augment_batch`). Like Keras' random layers it augments
-when called with `training=True` (the default when called directly, and
-inside `fit`) and passes images through at inference, so a model that holds
-it can be saved and served as it is.
-
-Where it runs is where you put it:
-
-- mapped over batches in tf.data, the input pipeline's CPU threads do the
-  work (what `mdtrain.pipeline.InputData` does for `mdtrain train`);
-- first layer of the model, the accelerator does it inside the training
-  step, and the input pipeline is left to decode. Under a distribution
-  strategy each replica draws its own transforms.
-
-It is TensorFlow-only (the resampling kernel is XLA-compiled TensorFlow), as
-the rest of mdtrain.
+`FusedAugmentation(policy)` stands in for Keras' `RandomFlip`, `RandomRotation`,
+`RandomZoom` (and `RandomBrightness`, `RandomContrast`) stack, in one
+resampling pass. Mapped over batches in tf.data, the input pipeline's CPU
+threads do the work; as the model's first layer, the accelerator does it
+inside the training step, each replica drawing its own transforms.
 """
 
 from __future__ import annotations
@@ -34,16 +21,19 @@ from mdtrain.augment import AugmentPolicy, augment_batch
 class FusedAugmentation(keras.layers.Layer):
     """Random flip, rotation, zoom, brightness and contrast in one pass.
 
+    Like Keras' random layers, it augments when called with `training=True`
+    (the default when called directly, and inside `fit`) and passes images
+    through at inference, so a model that holds it can be served as it is.
+
     Args:
         policy: the `AugmentPolicy` (ImageDataGenerator's meaning of each
             transform). Defaults to None (`AugmentPolicy()`: flip, rotation
             ±20°, zoom ±15%).
-        seed: seed of the layer's random transforms: a new layer with the
-            same seed draws the same transforms, call after call, in a model
-            or a sequential `map`. (Parallel `map` calls share the layer's
-            generator in the order they run; for batches whose transforms
-            depend only on their position, use `mdtrain.augment.augment_batch`
-            with a seed per batch, as `InputData` does.) Defaults to None (random).
+        seed: a new layer with the same seed draws the same transforms,
+            call after call, in a model or a sequential `map` (parallel `map`
+            calls share the generator in the order they run: for transforms
+            that depend only on a batch's position, use `mdtrain.augment_batch`
+            with a seed per batch). Defaults to None (random).
         **kwargs: passed to `keras.layers.Layer`.
 
     Input: a batch `(batch, height, width, channels)` of any dtype; integer

@@ -1,14 +1,10 @@
 """Finding, splitting and checking image datasets laid out as class folders.
 
-A dataset is a folder with one sub-folder per class::
-
-    DIR/cats/001.jpg  DIR/dogs/002.png  ...
-
-or a folder holding ``train/`` and ``val/`` (or ``validation/``) that each look
-like that. Hidden files and folders and files without an image extension are
-ignored. Nothing here imports TensorFlow at import time, and nothing here ever
-modifies or deletes a file of the dataset: what mdtrain remembers about a
-dataset (which files decode) lives in its own cache folder, `cache_folder()`.
+A dataset is a folder of class folders (``DIR/cats/001.jpg``), or one holding
+``train/`` and ``val/`` (or ``validation/``) folders like that; hidden files and
+files without an image extension are ignored. Nothing here imports TensorFlow at
+import time or ever modifies a dataset's file: what mdtrain remembers about a
+dataset (which files decode) lives in its own `cache_folder()`.
 """
 
 from __future__ import annotations
@@ -72,9 +68,8 @@ class Splits:
 def tf_paths(files: list[str]) -> list[bytes]:
     """`files` as the bytes the filesystem holds, which TensorFlow accepts for any name.
 
-    A name that is not UTF-8 (a Latin-1 name from an old zip, say) reaches
-    Python as a `str` with surrogate escapes, which TensorFlow cannot convert
-    to a string tensor; its bytes open the same file.
+    A name that is not UTF-8 reaches Python with surrogate escapes, which
+    TensorFlow cannot convert to a string tensor; its bytes open the same file.
     """
     return [os.fsencode(f) for f in files]
 
@@ -87,18 +82,7 @@ def _subfolders(folder: Path) -> list[str]:
 
 
 def resolve_layout(data_dir: str | os.PathLike) -> tuple[Path, Path | None]:
-    """Finds the training folder and, if the dataset has one, the validation folder.
-
-    Args:
-        data_dir: a folder of class folders, or a folder holding `train/` and
-            `val/` (also `validation/` or `valid/`).
-
-    Returns:
-        `(train_dir, val_dir)`; `val_dir` is None when there is no split folder.
-
-    Raises:
-        UsageError: if the folder does not exist.
-    """
+    """`(train_dir, val_dir)` of a dataset; `val_dir` is None when it has no split folder."""
     root = Path(data_dir)
     subdirs = set(_subfolders(root))
     if "train" in subdirs and subdirs <= {"train", "test", *_VAL_NAMES}:
@@ -156,12 +140,7 @@ def _split_validation(images: ImageList, fraction: float, seed: int) -> tuple[Im
 
 
 def cache_folder() -> Path:
-    """mdtrain's own cache folder: `$MDTRAIN_CACHE_DIR`, else `~/.cache/mdtrain`.
-
-    `$XDG_CACHE_HOME/mdtrain` when that variable is set. It holds the
-    remembered decode checks and disk caches of decoded images; mdtrain
-    never writes into a dataset's folder.
-    """
+    """mdtrain's cache folder: `$MDTRAIN_CACHE_DIR`, else `mdtrain` in the user's cache folder."""
     if os.environ.get("MDTRAIN_CACHE_DIR"):
         return Path(os.environ["MDTRAIN_CACHE_DIR"])
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
@@ -181,26 +160,10 @@ _MANIFEST_VERSION = 2
 
 
 def find_undecodable(files: list[str]) -> list[SkippedFile]:
-    """Decodes every file with the training decoder and returns those that fail.
+    """The files the training decoder cannot decode, each with a one-line reason.
 
-    Runs in parallel through tf.data, with the training pipeline's decoder
-    (`mdtrain.images.load_image`) at a tiny size, so JPEGs are decoded at
-    1/8 scale, which reads and checks all of their data but skips most of
-    the inverse DCT. Only failures are decoded a second time to capture
-    TensorFlow's reason. The result for each file is kept in a manifest in
-    `cache_folder()`, keyed by path, size and modification time, so a second
-    run decodes only the files that are new or changed.
-
-    Args:
-        files: image file paths.
-
-    Returns:
-        The files that cannot be decoded, with a one-line reason each.
-
-    Example:
-
-    >>> find_undecodable(["data/demo/train/circle/0000.jpg"])  # doctest: +SKIP
-    []
+    Results are remembered in `cache_folder()` by path, size and modification
+    time, so a second run decodes only the files that are new or changed.
     """
     if not files:
         return []
@@ -305,7 +268,7 @@ def load_splits(
     training images; or nowhere (`Splits.val` is None).
 
     Args:
-        data_dir: dataset folder (see `resolve_layout`).
+        data_dir: a folder of class folders, or one holding `train/` and `val/` ones.
         val_dir: separate validation folder with the same class folders.
             Defaults to None.
         validation_split: share of each class held out when there is no
@@ -385,7 +348,7 @@ def check_dataset(data_dir: str | os.PathLike) -> CheckReport:
     train: the decoder goes by content). It never modifies or deletes anything.
 
     Args:
-        data_dir: dataset folder (see `resolve_layout`).
+        data_dir: a folder of class folders, or one holding `train/` and `val/` ones.
 
     Returns:
         A `CheckReport`.

@@ -1,9 +1,8 @@
 """Reading one image file: what format its bytes hold, and decoding it.
 
-Checking a dataset, training on it and predicting use the same decoder
-(`load_image`), so a file that ``mdtrain data check`` passes is a file the
-training pipeline can read. The format is decided by the file's content,
-never by its extension. Nothing here imports TensorFlow at import time.
+Checking, training and predicting share one decoder (`load_image`), which goes
+by a file's content, never its extension, so a file that ``mdtrain data check``
+passes is one training can read. Nothing here imports TensorFlow at import time.
 """
 
 from __future__ import annotations
@@ -27,15 +26,7 @@ def extension_format(path: str | os.PathLike) -> str | None:
 
 
 def image_files(folder: str | os.PathLike) -> list[str]:
-    """The image files under `folder`, recursively, sorted; hidden files and folders left out.
-
-    Args:
-        folder: the folder to search.
-
-    Returns:
-        The paths (`folder` joined with each file's place under it), folder by
-        folder, each folder's files sorted by name.
-    """
+    """The image files under `folder`, recursively, sorted; hidden files and folders left out."""
     files = []
     for dirpath, dirnames, filenames in os.walk(folder):
         dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
@@ -48,15 +39,7 @@ def image_files(folder: str | os.PathLike) -> list[str]:
 
 
 def sniff_format(path: str | os.PathLike) -> str | None:
-    """The image format a file's first bytes announce, or None if none matches.
-
-    Args:
-        path: file to look at. Only its first 8 bytes are read.
-
-    Returns:
-        One of `"jpeg"`, `"png"`, `"gif"`, `"bmp"`, or None for content that is
-        not an image TensorFlow can decode (empty files included).
-    """
+    """The image format (`"jpeg"`, `"png"`, ...) a file's first 8 bytes announce, or None."""
     with open(path, "rb") as f:
         head = f.read(8)
     for magic, name in _MAGIC:
@@ -66,17 +49,7 @@ def sniff_format(path: str | os.PathLike) -> str | None:
 
 
 def decode_image(contents):
-    """Decodes JPEG, PNG, GIF or BMP bytes to a `uint8` tensor of shape (H, W, 3).
-
-    The format is detected from the bytes. Animated GIFs give their first
-    frame; grey images are expanded to three channels.
-
-    Args:
-        contents: scalar string tensor holding the file's bytes.
-
-    Returns:
-        A `uint8` tensor of rank 3 with static channel dimension.
-    """
+    """JPEG, PNG, GIF (first frame) or BMP bytes, by content, to a (H, W, 3) `uint8` tensor."""
     import tensorflow as tf
 
     image = tf.io.decode_image(contents, channels=3, expand_animations=False)

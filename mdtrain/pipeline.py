@@ -1,39 +1,10 @@
 """tf.data input pipelines: decode, cache, shuffle, batch, augment, prefetch.
 
-The training pipeline, stage by stage and why:
-
-1. file names and labels in an order that depends only on the seed and the
-   *epoch number* (so a resumed run sees the same order as an uninterrupted
-   one): a shuffle of the names, never a buffer of decoded images, so the
-   first batch needs only its own 32 decodes;
-2. read, decode (by content; large JPEGs at reduced scale) and resize, in
-   parallel, kept as uint8 (a quarter of float32's memory and host-to-device
-   traffic);
-3. the cache (`cache="auto"|"memory"|"disk"|"none"`): `memory` keeps the
-   decoded images after the first epoch, which fills it *while training*;
-   later epochs shuffle the cached images (the same order streaming would
-   give). `disk` writes them to a cache folder instead, for sets larger than
-   memory; `none` streams every epoch from the files, with memory that does
-   not grow with the dataset. `auto` (the default) picks `memory` when the
-   decoded set takes at most a quarter of the available memory, else `disk`
-   when a cache folder was given, else `none`;
-4. batched by the GLOBAL batch size: the strategy splits each batch across
-   replicas, and the last, partial batch is kept, not dropped;
-5. augmented a whole batch at a time by one fused, XLA-compiled pass
-   (`mdtrain.augment`: flip, rotation, zoom, brightness, contrast), batches
-   in parallel; or, with `augment_in="model"` (what `mdtrain train` does by
-   default), each image's transform only drawn and composed here
-   (`draw_packed`), for the training step to apply;
-6. prefetched, so the next batch is ready while the devices compute.
-
-The auto-shard policy is set explicitly to DATA: a dataset built from a list
-of files in memory cannot be sharded by file (TensorFlow would fall back with
-a warning), and DATA sharding gives each worker its slice of every global
-batch, which keeps multi-worker numerics equal to single-machine ones.
-
-Notebook 02 builds the same pipeline stage by stage in plain tf.data, and
-`benchmarks/pipeline.py` measures it against `image_dataset_from_directory`
-and the legacy `ImageDataGenerator`.
+Images stay uint8 after decoding (a quarter of float32's memory and
+host-to-device traffic) and are batched by the GLOBAL batch size, the last
+partial batch kept: the strategy splits each batch across replicas, and
+`shard_by_batch` gives each worker its slice. Notebook 02 builds the same
+pipeline stage by stage in plain tf.data.
 """
 
 from __future__ import annotations
@@ -88,15 +59,7 @@ def _decode(names: tf.data.Dataset, image_size: int, deterministic: bool) -> tf.
 
 
 def decoded_images(images: ImageList, image_size: int) -> tf.data.Dataset:
-    """Dataset of `(uint8 image, int32 label)` in file order, decoded in parallel.
-
-    Args:
-        images: files and labels.
-        image_size: side of the square output.
-
-    Returns:
-        An unbatched dataset.
-    """
+    """Unbatched `(uint8 image, int32 label)` in file order, decoded in parallel."""
     return _decode(_file_names(images), image_size, deterministic=True)
 
 
@@ -107,43 +70,10 @@ def _epoch_seed(seed: int | tf.Tensor, epoch: int | tf.Tensor) -> int | tf.Tenso
     return tf.cast(seed, tf.int64) * 1_000_003 + epoch
 
 
-#: Where `InputData` leaves the augmentation: applied in the pipeline, or drawn for the model.
-AUGMENT_PLACES = ("pipeline", "model")
-
-#: `cache="auto"` keeps the decoded set in memory when it takes at most this share of
-#: the memory available now: the model, the optimizer and the batches need the rest.
-AUTO_MEMORY_SHARE = 0.25
-
-#: Shuffle buffer (decoded images) after a disk cache: a bounded memory cost.
-DISK_SHUFFLE_BUFFER = 1024
-
-
 def resolve_cache(
     cache: bool | str, num_images: int, image_size: int, cache_dir=None, available=None
 ) -> str:
-    """The cache mode `InputData` uses: `"memory"`, `"disk"` or `"none"`.
-
-    Args:
-        cache: `"auto"`, `"memory"`, `"disk"` or `"none"`; True means
-            `"memory"` and False `"none"` (the older boolean form).
-        num_images: images to cache (training and validation).
-        image_size: side of the decoded square images.
-        cache_dir: folder for a disk cache; `"auto"` uses the disk only when
-            one is given. Defaults to None.
-        available: bytes of memory available; None asks the operating
-            system (psutil). Defaults to None.
-
-    Returns:
-        The resolved mode.
-
-    Raises:
-        UsageError: for an unknown mode.
-
-    Example:
-
-    >>> resolve_cache("auto", 1500, 224, available=16 * 2**30)
-    'memory'
-    """
+    """The cache mode `InputData` uses, `"memory"`, `"disk"` or `"none"`; `available` in bytes."""
     if cache is True or cache is False:
         return "memory" if cache else "none"
     if cache not in CACHE_MODES:
@@ -155,7 +85,9 @@ def resolve_cache(
 
         available = psutil.virtual_memory().available
     decoded_bytes = num_images * image_size * image_size * 3  # uint8 RGB
-    if decoded_bytes <= AUTO_MEMORY_SHARE * available:
+    # A quarter of the memory available now at most: the model, the optimizer and
+    # the batches need the rest.
+    if decoded_bytes <= 0.25 * available:
         return "memory"
     return "disk" if cache_dir is not None else "none"
 
@@ -169,7 +101,7 @@ class InputData:
     validation batches, or None.
 
     Args:
-        splits: training and validation images (`mdtrain.data.load_splits`).
+        splits: training and validation images (`mdtrain.load_splits`).
         image_size: side of the square images the model sees.
         global_batch_size: images per step over all replicas.
         seed: seed of the shuffle and the augmentation: an int, or a scalar
@@ -179,22 +111,24 @@ class InputData:
         shuffle: shuffle the training images every epoch. Defaults to True.
         augment: the `AugmentPolicy`, or None for none. Defaults to `AugmentPolicy()`.
         augment_in: `"pipeline"`: the batches come augmented; `"model"`: they
-            come as `(images, labels, transforms)`, each image with its
-            drawn and composed transform (`mdtrain.augment.pack_transforms`),
-            for the training step to apply on the replica's device
-            (`ExactTrainer(augment=policy)`), to the same pixels, as
-            `mdtrain train` does by default. Defaults to `"pipeline"`, whose
-            batches any Keras model can take.
-        cache: `"auto"`, `"memory"`, `"disk"` or `"none"` (see
-            `resolve_cache`; True and False mean `"memory"` and `"none"`).
-            Defaults to `"auto"`.
+            come as `(images, labels, transforms)`, each image with its drawn
+            and composed transform, for the training step to apply on the
+            replica's device (`ExactTrainer(augment=policy)`), to the same
+            pixels, as `mdtrain train` does by default. Defaults to
+            `"pipeline"`, whose batches any Keras model can take.
+        cache: `"memory"` keeps the decoded images after the first epoch
+            (filled while training); `"disk"` writes them to a cache folder
+            instead, for sets larger than memory; `"none"` decodes the files
+            every epoch; `"auto"` picks `"memory"` when the decoded set takes
+            at most a quarter of the available memory, else `"disk"` when
+            `cache_dir` is given, else `"none"`. True and False mean
+            `"memory"` and `"none"`. Defaults to `"auto"`.
         deterministic: keep the exact order even when parallel decoding
             finishes out of order. Defaults to False.
         cache_dir: folder of a disk cache; None uses mdtrain's cache folder
-            (`mdtrain.data.cache_folder()`). Defaults to None.
+            (`$MDTRAIN_CACHE_DIR`, else `~/.cache/mdtrain`). Defaults to None.
         cache_task: this process's task in a multi-worker cluster
-            (`"worker-1"`), so that each fills a disk cache of its own (a
-            shared one would have them all write the same files); None
+            (`"worker-1"`), so that each fills a disk cache of its own; None
             outside one. Defaults to None.
 
     Example:
@@ -216,12 +150,15 @@ class InputData:
     cache_task: str | None = None
 
     def __post_init__(self) -> None:
-        if self.augment_in not in AUGMENT_PLACES:
-            raise ValueError(f"augment_in {self.augment_in!r}: expected one of {AUGMENT_PLACES}")
+        if self.augment_in not in ("pipeline", "model"):
+            raise ValueError(
+                f"augment_in {self.augment_in!r}: expected one of ('pipeline', 'model')"
+            )
         self.cache_mode = resolve_cache(
             self.cache, self.num_train + self.num_val, self.image_size, self.cache_dir
         )
-        # Epoch 0's order: a shuffle of the names (whose buffer holds names only).
+        # Epoch 0's order: a shuffle of the names, never of decoded images, so the first
+        # batch waits for its own decodes only.
         self._first_order = self._shuffled(_file_names(self.splits.train), 0, self.num_train)
         self._train_cached = None
         if self.cache_mode != "none":
@@ -282,14 +219,13 @@ class InputData:
     def epoch_batches(self, epoch: int) -> tf.data.Dataset:
         """The training batches of one epoch; their order depends only on (seed, epoch).
 
-        Epoch 0 decodes the files in a seeded shuffle of their names (and,
-        when cached, fills the cache in that order); epoch k > 0 shuffles
-        that order again by a seed of k, the names when streaming, the cached
-        images otherwise, so `memory` and `none` give the same batches. After
-        a disk cache the shuffle buffer holds `DISK_SHUFFLE_BUFFER` images, so
-        its later epochs mix less. With `deterministic=False` parallel
-        decoding may hand images over slightly out of order (never across
-        epochs), which keeps every core busy when file costs vary.
+        Epoch 0 decodes the files in a seeded shuffle of their names (and
+        fills the cache in that order); epoch k > 0 shuffles that order again
+        by a seed of k, so `memory` and `none` give the same batches (after a
+        disk cache the shuffle buffer holds 1,024 images, so later epochs mix
+        less). With `deterministic=False` parallel decoding may hand images
+        over slightly out of order (never across epochs), which keeps every
+        core busy when file costs vary.
 
         Args:
             epoch: the epoch's number, from 0.
@@ -301,7 +237,8 @@ class InputData:
         cached = self._train_cached is not None
         ds = self._train_cached if cached else self._first_order
         if epoch > 0:  # epoch 0's order shuffled again, by a seed of this epoch's
-            buffer = DISK_SHUFFLE_BUFFER if self.cache_mode == "disk" else self.num_train
+            # After a disk cache, a buffer of 1,024 decoded images: a bounded memory cost.
+            buffer = 1024 if self.cache_mode == "disk" else self.num_train
             ds = self._shuffled(ds, epoch, buffer)
         if not cached:
             ds = _decode(ds, self.image_size, self.deterministic)
@@ -349,12 +286,8 @@ _CLAIMED: dict[str, TextIO] = {}
 def _claim(prefix: str) -> None:
     """Makes this process the one that fills the disk cache `prefix`, unless it is complete.
 
-    TensorFlow marks a cache being filled with `<prefix>_0.lockfile` and
-    refuses to fill it while that file exists, so a filler killed mid-fill
-    (preempted, out of memory) would stop every later run. This process takes
-    an OS lock (`fcntl.flock`) beside the cache, which the OS drops when its
-    holder dies: a live filler is reported in one line, a dead one's leftovers
-    are removed.
+    TensorFlow refuses to fill a cache while a killed filler's `_0.lockfile` exists;
+    an OS lock (`flock`), dropped when its holder dies, tells a live filler from a dead one.
     """
     if fcntl is None or prefix in _CLAIMED or os.path.exists(prefix + ".index"):
         return

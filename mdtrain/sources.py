@@ -1,10 +1,8 @@
 """Datasets you can make or fetch: the synthetic demo, scikit-learn's digits, TF flowers.
 
-Each writes an ordinary class-folder dataset (``train/`` and ``val/``), so the
-rest of mdtrain treats them exactly like your own images. Writers never touch
-an existing folder: they build in a temporary folder beside the target and
-rename it into place, which also makes concurrent writers (several workers
-started at once) safe.
+Each is an ordinary class-folder dataset (``train/`` and ``val/``). Writers never
+touch an existing folder: they build in a temporary folder beside the target and
+rename it into place, which also makes concurrent writers (workers started at once) safe.
 """
 
 from __future__ import annotations
@@ -164,15 +162,7 @@ def make_synthetic_dataset(
 
 
 def ensure_demo_dataset(out: str | os.PathLike | None = None, **kwargs) -> Path:
-    """Returns the demo dataset folder, creating it on first use.
-
-    Args:
-        out: where it lives. Defaults to `default_demo_dir()`.
-        **kwargs: arguments of `make_synthetic_dataset`.
-
-    Returns:
-        The dataset folder.
-    """
+    """The demo dataset folder (`default_demo_dir()` unless `out`), made on first use."""
     out = Path(out) if out is not None else default_demo_dir()
     if (out / _MARKER).exists():
         return out
@@ -204,17 +194,9 @@ def dataset_dir(data_dir: str | os.PathLike | None = None, smoke: bool = False) 
 
 
 def write_digits_dataset(out: str | os.PathLike) -> Path:
-    """Writes scikit-learn's bundled handwritten digits as PNG class folders.
+    """Writes scikit-learn's 1,797 8×8 digits, enlarged to 32 px, as PNG class folders.
 
-    1,797 real 8×8 scans of the digits 0–9, enlarged to 32×32 pixels, split
-    80/20 per class (seeded, always the same split) into `train/` and `val/`.
-    Needs no network.
-
-    Args:
-        out: folder to create; must not exist.
-
-    Returns:
-        The dataset folder.
+    Split 80/20 per class, always the same way; needs no network.
     """
     from sklearn.datasets import load_digits
 
@@ -240,20 +222,7 @@ def write_digits_dataset(out: str | os.PathLike) -> Path:
 
 
 def download_flowers(cache_dir: str | os.PathLike = "data") -> Path:
-    """Downloads TensorFlow's flower photos (3,670 JPEGs, 5 classes) once.
-
-    Works where the network is open (Colab, Kaggle with internet on); offline
-    it fails with a clear message.
-
-    Args:
-        cache_dir: folder that receives `datasets/flower_photos`. Defaults to `data`.
-
-    Returns:
-        The class-folder dataset (use it with a validation split).
-
-    Raises:
-        UsageError: if the download fails.
-    """
+    """Downloads TensorFlow's flower photos (3,670 JPEGs, 5 classes, no split) once."""
     import keras
 
     try:

@@ -40,37 +40,31 @@ def time_epochs(
     """Images per second of input pipelines over whole epochs, repeats interleaved.
 
     Every timing starts a fresh iterator and pulls an epoch, so a shuffle
-    buffer or a cache that must fill before the first batch counts, as it
-    does in training. A pipeline given as a function is called for every
-    timing: each then times a new pipeline's first epoch (a `.cache()` that
-    fills again); the call, like `iter()`, happens before the clock starts.
-    Each pipeline warms up, untimed, right before its first timing (tracing,
-    compiling, filling a cache, warming the page cache), so what the warm-up
-    filled is fresh when timed. The repeats are interleaved (every pipeline
-    once, then again), so a change in the machine's load hits every pipeline
-    alike, and ratios are best taken repeat by repeat from `runs`.
+    buffer or a cache that fills before the first batch counts, as in
+    training. A pipeline given as a function is called (untimed, like
+    `iter()`) before every timing, which then times a new pipeline's first
+    epoch. Each pipeline warms up, untimed, right before its first timing
+    (tracing, compiling, filling caches). The repeats are interleaved (every
+    pipeline once, then again), so a change in the machine's load hits every
+    pipeline alike; take ratios repeat by repeat from `runs`.
 
     Args:
-        pipelines: `{name: pipeline}`, where a pipeline is an iterable of
-            batches that `iter()` restarts (a `tf.data.Dataset`, a Keras
-            `DirectoryIterator`, a list), or a function of no arguments that
-            makes one. A batch is an `(images, labels, ...)` tuple or an
-            image batch.
+        pipelines: `{name: pipeline}`: an iterable of batches that `iter()`
+            restarts (a `tf.data.Dataset`, a Keras `DirectoryIterator`, a
+            list), or a function of no arguments that makes one. A batch is
+            an `(images, labels, ...)` tuple or an image batch.
         repeats: timed epochs per pipeline. Defaults to 3.
         batches: at most this many batches per epoch, warm-ups included;
-            needed for endless iterators such as
-            `ImageDataGenerator().flow_from_directory(...)` (pass
-            `len(iterator)`). Defaults to None (until the pipeline ends).
+            needed for endless iterators such as `flow_from_directory`'s
+            (pass `len(iterator)`). Defaults to None (until the pipeline ends).
         warmup: True: one epoch of each pipeline; False: none. A mapping
             gives some pipelines their own warm-up: an iterable to pull one
-            epoch of instead (say, epoch 0 of an `InputData` whose memory
-            cache the timed epoch 1 reads), a function to call, or None for
-            none; the pipelines it does not name warm up on an epoch of
-            their own. Defaults to True.
+            epoch of (say, epoch 0 of an `InputData` whose memory cache the
+            timed epoch 1 reads), a function to call, or None for none.
+            Defaults to True.
         step: called on every batch, timed with it, as a training step would
-            be (warm-ups included): with one, the rate shows how much of the
-            input work hides behind the step (what `prefetch` is for).
-            Defaults to None (the batches are only pulled).
+            be (warm-ups included), to show how much input work hides behind
+            the step. Defaults to None (the batches are only pulled).
 
     Returns:
         `{name: {"median", "min", "max", "runs"}}` in images per second, in
