@@ -44,16 +44,7 @@ _ALIASES = {
 
 
 def check_strategy_name(name: str) -> None:
-    """Raises `UsageError` unless `mdtrain train` offers the strategy `name`.
-
-    Strategies named by the articles that `mdtrain train` does not offer
-    (central storage; parameter servers outside the chief of a cluster with
-    `ps` tasks) get a one-line reason and a pointer to the notebook that
-    measures them.
-
-    Raises:
-        UsageError: for an unknown or not offered name.
-    """
+    """Raises `UsageError` unless offered; the articles' other strategies get a one-line reason."""
     m = CPU_STRATEGY.match(name)
     offered = name in STRATEGIES[:-1] or (m and int(m.group(1)) >= 1)
     if offered or (name == PS_STRATEGY and _is_ps_chief()):

@@ -20,12 +20,7 @@ HEARTBEAT_ENV = "MDTRAIN_HEARTBEAT_S"
 
 
 class Heartbeat(keras.callbacks.Callback):
-    """Prints `epoch E: step S/N` once `every_s` seconds have passed without a line.
-
-    Args:
-        every_s: the most seconds between two lines during training.
-        clock: returns the time in seconds. Defaults to `time.monotonic`.
-    """
+    """Prints `epoch E: step S/N` once `every_s` seconds have passed without a line."""
 
     def __init__(self, every_s: float, clock=time.monotonic):
         super().__init__()

@@ -49,11 +49,7 @@ def all_reduce_sum(values):
 
 
 def global_moments(x: tf.Tensor, weights: tf.Tensor | None = None):
-    """Per-channel `(mean, biased variance)` of `x` over every replica's examples.
-
-    `x` is `(batch, ..., channels)`; an example whose 0/1 weight in `weights`
-    (shape `(batch,)`, default all 1) is 0 is left out.
-    """
+    """Per-channel `(mean, biased variance)` of `x` over every replica's examples of weight 1."""
     axes = list(range(len(x.shape) - 1))
     if weights is None:
         weights = tf.ones(tf.shape(x)[:1], x.dtype)
@@ -116,13 +112,7 @@ class ExactBatchNormalization(keras.layers.BatchNormalization):
 
 
 def swap_batch_norm(model: keras.Model, layer_class: type) -> keras.Model:
-    """A copy of `model` whose batch-normalization layers are all of `layer_class`.
-
-    With `ExactBatchNormalization` it makes a Keras model exact under any
-    strategy; with `keras.layers.BatchNormalization` it undoes that, as
-    notebook 03 does to show what per-replica statistics change. The copy has
-    the same weights; `model` is functional or sequential.
-    """
+    """A copy of functional or sequential `model`, same weights, batch norm of `layer_class`."""
 
     def clone(layer):
         if isinstance(layer, keras.Model):
