@@ -226,30 +226,24 @@ def remove_backups(backup_dir: str | os.PathLike) -> None:
         Path(backup_dir).rmdir()
 
 
+@dataclasses.dataclass(eq=False)
 class Backup(keras.callbacks.Callback):
-    """Saves a backup at each epoch end and, optionally, every `every_steps` steps.
+    """Saves a backup at each epoch end and, optionally, every `every_steps` steps."""
 
-    `history` holds the epochs before this `fit`; after a mid-epoch resume the
-    first epoch's metrics continue from `resumed_from`'s, put back after `fit` reset them.
-    """
+    backup_dir: str
+    fingerprint: dict
+    phase: int
+    steps_per_epoch: int
+    every_steps: int | None
+    step_offset: int  # steps of the first epoch done before this `fit` (a mid-epoch resume)
+    write: bool  # False on non-chief workers, which only restore
+    history: list[dict[str, float]]  # the epochs before this `fit`; each epoch adds its row
+    # A mid-epoch resume's backup: its metric state is put back after `fit` resets the metrics.
+    resumed_from: Path | None
 
-    def __init__(
-        self,
-        backup_dir,
-        fingerprint: dict,
-        phase: int,
-        steps_per_epoch: int,
-        every_steps=None,
-        step_offset: int = 0,
-        write: bool = True,
-        history: list[dict[str, float]] | None = None,
-        resumed_from: Path | None = None,
-    ):
+    def __post_init__(self):
         super().__init__()
-        self.backup_dir, self.fingerprint, self.phase = backup_dir, fingerprint, phase
-        self.steps_per_epoch = steps_per_epoch
-        self.every_steps, self.step_offset, self.write = every_steps, step_offset, write
-        self.history, self.resumed_from = list(history or []), resumed_from
+        self.history = list(self.history)
         self._epoch = 0
 
     def _save(self, epoch: int, step: int) -> None:

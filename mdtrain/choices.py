@@ -1,9 +1,7 @@
 """What a user may choose, and the checks of those choices: models, strategies, values.
 
-Kept free of TensorFlow so that `mdtrain train` rejects a misspelt option in
-a fraction of a second, before TensorFlow starts. Every check lives here once;
-`TrainConfig.validate`, `build_model` and `resolve_global_batch_size` call
-the same functions, so the API and the command line agree.
+Free of TensorFlow, so `mdtrain train` rejects a misspelt option at once; the API
+and the command line call the same checks, so they agree.
 """
 
 from __future__ import annotations

@@ -1,20 +1,5 @@
 """Choosing a `tf.distribute` strategy, and the batch arithmetic that goes with it.
 
-Strategy names (the `--strategy` option):
-
-- `auto`: a TPU if one is attached, else MirroredStrategy over every GPU,
-  else MirroredStrategy over 2 virtual CPU replicas, so the distributed code
-  path always runs;
-- `mirrored`: MirroredStrategy over every GPU (one CPU replica without GPUs);
-- `multiworker`: MultiWorkerMirroredStrategy; the cluster comes from
-  `TF_CONFIG` (set by `mdtrain launch`, Kubernetes, ...) or from Slurm;
-- `tpu`: TPUStrategy;
-- `one`: one device, no distribution;
-- `cpu:N`: MirroredStrategy over N virtual CPU devices: real replicas and a
-  real all-reduce on a CPU-only machine;
-- `ps`: ParameterServerStrategy, only in the chief of a cluster with `ps`
-  tasks in `TF_CONFIG` (`mdtrain launch --workers N --ps M` starts one).
-
 Virtual CPU devices and GPU memory growth can only be configured before
 TensorFlow initialises its devices, so call `configure_devices` first thing
 in a fresh process (the CLI does).
@@ -92,7 +77,7 @@ def configure_devices(strategy: str = "auto", cpu_replicas: int = 2) -> None:
     cannot undo them in a running process.
 
     Args:
-        strategy: strategy name (see module doc). Defaults to `"auto"`.
+        strategy: strategy name (see `make_strategy`). Defaults to `"auto"`.
         cpu_replicas: virtual CPU replicas for `"auto"` on a machine with
             neither GPU nor TPU; with either, it is not used, so a notebook
             that asks for `"auto"` uses the accelerators it finds.
@@ -135,8 +120,16 @@ def make_strategy(strategy: str = "auto") -> tf.distribute.Strategy:
     Call `configure_devices(strategy)` before, in the same process.
 
     Args:
-        strategy: one of `auto`, `mirrored`, `multiworker`, `tpu`, `one`,
-            `cpu:N`, `ps` (see the module doc). Defaults to `"auto"`.
+        strategy: the `--strategy` name. `auto`: a TPU if one is attached,
+            else MirroredStrategy over every GPU, else over 2 virtual CPU
+            replicas, so the distributed code path always runs. `mirrored`:
+            every GPU (one CPU replica without). `multiworker`:
+            MultiWorkerMirroredStrategy over the cluster of `TF_CONFIG` (set
+            by `mdtrain launch`, Kubernetes, ...) or Slurm. `tpu`. `one`: one
+            device, no distribution. `cpu:N`: N virtual CPU replicas, with a
+            real all-reduce. `ps`: ParameterServerStrategy, only in the chief
+            of a cluster with `ps` tasks (`mdtrain launch --ps M`).
+            Defaults to `"auto"`.
 
     Returns:
         The strategy; `strategy.num_replicas_in_sync` tells how many replicas.

@@ -1,13 +1,9 @@
 """Batch normalization whose statistics are those of the whole global batch.
 
-Keras' `BatchNormalization` normalises each replica's slice with the slice's
-own mean and variance, so N replicas do not compute what one device computes
-on the same global batch. `ExactBatchNormalization` sums each replica's
-per-channel sums with an all-reduce, in two passes (the mean, then the
-squared deviations from it) exactly as one device computes them, so the
-forward pass, its gradient (TensorFlow all-reduces the gradient of an
-all-reduce) and the moving statistics are those of one device, up to the
-order of float additions.
+Keras' `BatchNormalization` normalises each replica's slice on its own.
+Here the per-channel sums are all-reduced in two passes (the mean, then the
+squared deviations), so the forward pass, its gradient and the moving
+statistics are one device's, up to the order of float additions.
 
 Two details make it exact where Keras' `synchronized=True` is not:
 - the variance is the mean squared deviation, not E[x²] − E[x]², which loses

@@ -1,12 +1,8 @@
 """A training run written down as data: the segments `mdtrain.training` carries out.
 
-A run has one or two phases: training (the head, or the whole small model),
-then optionally fine-tuning the top of a pretrained base at a tenth of the
-learning rate. A resumed run starts part-way: in the middle of an epoch, in
-either phase. `plan_run` turns the configuration, the steps per epoch and the
-resume position into a flat list of `Segment`s, each one `fit` call, so the
-runner in `mdtrain.training` is a short loop and every branch of the structure
-is tested here on plain numbers, without TensorFlow.
+A run has one or two phases (training, then optionally fine-tuning at a tenth
+of the learning rate) and may resume part-way through an epoch of either; as a
+flat list of `fit` calls its every branch is tested on plain numbers, without TensorFlow.
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """`train(config)`: the whole training run that `mdtrain train` and the notebooks use.
 
-Devices → data → strategy → model → (fine-tuning) → outputs, with every
-choice in one `TrainConfig`. The logic of each step lives in its own module;
-this one only wires them together and writes the results.
+Devices → data → strategy → model → (fine-tuning) → outputs; this module
+wires the other modules together and writes the results.
 """
 
 from __future__ import annotations
