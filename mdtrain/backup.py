@@ -1,12 +1,10 @@
 """Backups a killed run resumes from exactly: weights, optimizer, dropout RNG, position.
 
-Why not `keras.callbacks.BackupAndRestore` (Keras 3)? It saves the weights and
-optimizer but not the dropout layers' `SeedGenerator` state, so a resumed run
-draws different dropout masks; it resumes only at epoch starts even when it
-saved mid-epoch (the epoch is then run again on already-updated weights); with
-`double_checkpoint=True` it silently falls back to the previous checkpoint when
-the newest cannot be read; and by default it deletes its backup after every
-`fit`, which loses the state between a training and a fine-tuning phase.
+Why not `keras.callbacks.BackupAndRestore` (Keras 3)? It does not save the
+dropout layers' `SeedGenerator` state (other masks after a resume); it resumes
+only at epoch starts, running a mid-epoch save's epoch again on updated weights;
+with `double_checkpoint=True` it silently falls back to an older checkpoint; and
+by default it deletes its backup after every `fit`, losing it between phases.
 
 Layout of `backup_dir` (one folder per save, the newest two kept):
 

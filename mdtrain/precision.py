@@ -1,12 +1,8 @@
 """The mixed-precision choice: which Keras dtype policy a run uses.
 
-Mixed precision picks by the devices that compute: `mixed_float16` on GPUs (their
-tensor cores run float16; float16's narrow range needs loss scaling, which
-Keras' `compile` adds itself: a `LossScaleOptimizer`), and
-`mixed_bfloat16` everywhere else (TPUs and recent CPUs compute bfloat16
-natively; its float32-sized exponent needs no loss scaling). Variables stay
-float32 under both. A pure function of the device kinds, so the choice is
-tested without a GPU.
+Mixed precision is `mixed_float16` on GPUs (tensor cores; Keras' `compile` adds
+the loss scaling float16 needs) and `mixed_bfloat16` elsewhere (native on TPUs and
+recent CPUs, no loss scaling); variables stay float32. Tested without a GPU.
 """
 
 from __future__ import annotations
