@@ -101,10 +101,7 @@ def without_autotuning(ds: tf.data.Dataset) -> tf.data.Dataset:
 
 @contextlib.contextmanager
 def run_settings(deterministic: bool = False) -> Iterator[None]:
-    """What one `mdtrain.train` run changes in TensorFlow, undone when it ends.
-
-    Per-device datasets without autotuning, and op determinism when asked for.
-    """
+    """Per-device datasets without autotuning, and op determinism if asked, for one run."""
     # `MultiDeviceIterator` builds one small dataset per device (a generator and a
     # one-element prefetch, nothing to tune) whose options do not come from the user's
     # dataset, so an input pipeline's own options cannot reach them: replaced for the

@@ -48,13 +48,10 @@ def _processes_on_this_host() -> int:
 
 
 def _cpu_runtime(replicas: int) -> None:
-    """Pooled CPU memory, and each CPU replica its share of the cores, unless the user set them.
-
-    Both must be set before TensorFlow creates its first device (measured in benchmarks/README.md).
-    """
+    """Pooled CPU memory, and each CPU replica its share of the cores, unless the user set them."""
     # TensorFlow's default CPU allocator mallocs and frees every activation, and glibc
     # maps and unmaps the large ones each step: the page faults cost as much CPU time
-    # as a third of the step. The BFC allocator keeps freed memory in a pool.
+    # as a third of the step (benchmarks/README.md). BFC keeps freed memory in a pool.
     os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
     if replicas < 2 or tf.config.threading.get_intra_op_parallelism_threads():
         return
