@@ -1,12 +1,10 @@
 """Backups a killed run resumes from exactly: weights, optimizer, dropout RNG, position.
 
-Why not `keras.callbacks.BackupAndRestore` (Keras 3)? It saves the weights and
-optimizer but not the dropout layers' `SeedGenerator` state, so a resumed run
-draws different dropout masks; it resumes only at epoch starts even when it
-saved mid-epoch (the epoch is then run again on already-updated weights); with
-`double_checkpoint=True` it silently falls back to the previous checkpoint when
-the newest cannot be read; and by default it deletes its backup after every
-`fit`, which loses the state between a training and a fine-tuning phase.
+Why not `keras.callbacks.BackupAndRestore` (Keras 3)? It does not save the
+dropout layers' `SeedGenerator` state (other masks after a resume); it resumes
+only at epoch starts, running a mid-epoch save's epoch again on updated weights;
+with `double_checkpoint=True` it silently falls back to an older checkpoint; and
+by default it deletes its backup after every `fit`, losing it between phases.
 
 Layout of `backup_dir` (one folder per save, the newest two kept):
 
@@ -14,22 +12,10 @@ Layout of `backup_dir` (one folder per save, the newest two kept):
         net.weights.h5   the network's weights (with BatchNorm statistics)
         state.npz        optimizer variables, dropout seed-generator states and,
                          within an epoch, the training metrics' sums and counts
-        MANIFEST.json    position, run fingerprint, SHA-256 of the files above
+        MANIFEST.json    position, run fingerprint, history, SHA-256 of the files above
 
-A save is written to a `mdtrain-tmp-*` folder, the manifest last, then
-renamed into place, so a process killed mid-save leaves a `mdtrain-tmp-*`
-folder that is never loaded. On resume the newest `ckpt-*` folder is verified
-file by file; a mismatch is an error (`UsageError`), never a silent fall-back.
-The manifest also keeps the per-epoch history so far, so a resumed run
-reports every epoch; with the metric state of a save within an epoch, the
-resumed epoch reports what the uninterrupted run would (a backup made
-before mdtrain kept that state still resumes, its epoch's training figures
-counting only the steps after the resume). mdtrain removes only folders it
-could have written (named as above, holding nothing but its three files):
-other files in `backup_dir` are the user's.
-
-Under multi-worker training only the chief writes; every worker restores from
-the same folder, which must therefore be on a filesystem all workers share.
+Atomic saves, verified resumes, what is deleted and the multi-worker rules:
+see docs/multi-worker.md (backups) and docs/numerics.md (exact resume).
 """
 
 from __future__ import annotations
@@ -77,30 +63,7 @@ def resume_point(
     chief: bool = True,
     say=print,
 ) -> ResumePoint:
-    """Finds and verifies the newest backup in `backup_dir`: where a run resumes.
-
-    The chief first removes the saves that a killed process left unfinished
-    (`mdtrain-tmp-*` folders, never loaded), saying so with `say`. Every
-    process then prints the backup it resumes from.
-
-    Args:
-        backup_dir: the run's `--backup-dir`, or None (no backups: the start).
-        fingerprint: what must match between the saving and the resuming run
-            (model, image size, batch, seed, ...). Defaults to None (not checked).
-        chief: whether this process may remove unfinished saves. Defaults to True.
-        say: prints a line of progress. Defaults to `print`.
-
-    Returns:
-        The `ResumePoint`; epoch 0, step 0 and no path when there is no backup.
-
-    Raises:
-        UsageError: if the newest backup is missing a file, fails its checksum,
-            or was made by a run with another fingerprint.
-
-    Example:
-        >>> resume_point("/nonexistent").epoch
-        0
-    """
+    """Where a run resumes: the newest backup, verified (the chief drops unfinished saves first)."""
     if not backup_dir:
         return ResumePoint()
     if chief:
@@ -146,12 +109,9 @@ def resume_point(
 
 
 def _rng_state(net: keras.Model) -> list:
-    """The random-number state of `net` (its dropout seed generators).
+    """The dropout seed generators' state: `Layer.variables` minus `weights`, as Keras documents.
 
-    Keras documents `Layer.variables` as `weights` plus all other state,
-    random seeds included; the difference is the RNG state. A network with
-    dropout must have some: finding none means Keras moved it, and a resumed
-    run would silently stop being exact.
+    A network with dropout must have some: finding none means Keras moved it.
     """
     weights = {id(w) for w in net.weights}
     state = [v for v in net.variables if id(v) not in weights]
@@ -179,18 +139,7 @@ def _assign(variables: list, values: list, what: str, path: Path) -> None:
 
 
 def restore(trainer, point: ResumePoint, with_optimizer: bool = True) -> None:
-    """Loads a verified backup into a built, compiled `ExactTrainer`.
-
-    Args:
-        trainer: the trainer, compiled for the phase being resumed.
-        point: from `resume_point`.
-        with_optimizer: also load the optimizer variables (False when the
-            backup ended a phase and the next phase starts a fresh optimizer).
-            Defaults to True.
-
-    Raises:
-        UsageError: if the backup does not fit the model.
-    """
+    """Loads a verified backup into a built `ExactTrainer` compiled for the phase being resumed."""
     try:
         trainer.net.load_weights(point.path / NET_FILE)
         with np.load(point.path / STATE_FILE) as state:
@@ -222,22 +171,7 @@ def _restore_metrics(trainer, path: Path) -> bool:
 def save(
     backup_dir: str | os.PathLike, trainer, point: ResumePoint, metrics: list | None = None
 ) -> Path:
-    """Writes one complete backup of `trainer` at `point` and drops the older ones.
-
-    Args:
-        backup_dir: the folder.
-        trainer: the `ExactTrainer` being trained.
-        point: the position the backup resumes at (`path` is ignored).
-        metrics: the values of the trainer's metric variables (Keras'
-            `Metric.variables`: sums, counts) of a save within an epoch, read
-            on every worker. Defaults to None (an epoch end: none needed).
-
-    Returns:
-        The new `ckpt-*` folder.
-
-    Raises:
-        UsageError: if a folder of that name holds files that are not a backup.
-    """
+    """Writes a complete backup at `point` (within an epoch with `metrics`); drops older ones."""
     root = Path(backup_dir)
     final = root / f"ckpt-{point.epoch:05d}-{point.step:06d}"
     if final.exists() and not _ours(final):
@@ -290,44 +224,24 @@ def remove_backups(backup_dir: str | os.PathLike) -> None:
         Path(backup_dir).rmdir()
 
 
+@dataclasses.dataclass(eq=False)
 class Backup(keras.callbacks.Callback):
-    """Saves a backup at each epoch end and, optionally, every `every_steps` steps.
+    """Saves a backup at each epoch end and, optionally, every `every_steps` steps."""
 
-    Args:
-        backup_dir: the folder.
-        fingerprint: stored with each backup, checked on resume.
-        phase: 0 for training, 1 for fine-tuning.
-        steps_per_epoch: steps in one epoch.
-        every_steps: also save after every this many steps within an epoch.
-            Defaults to None (epoch ends only).
-        step_offset: steps of the first epoch done before this `fit` (a
-            mid-epoch resume). Defaults to 0.
-        write: False on non-chief workers, which only restore. Defaults to True.
-        history: the rows of the epochs finished before this `fit` (earlier
-            phases, and a resumed run's earlier epochs); each epoch this `fit`
-            ends adds its row, and every backup stores them. Defaults to None.
-        resumed_from: the backup a mid-epoch resume loaded: the first epoch's
-            metrics continue from its metric state, put back after `fit` (or
-            `custom_fit`) reset them as the epoch began. Defaults to None.
-    """
+    backup_dir: str
+    fingerprint: dict
+    phase: int
+    steps_per_epoch: int
+    every_steps: int | None
+    step_offset: int  # steps of the first epoch done before this `fit` (a mid-epoch resume)
+    write: bool  # False on non-chief workers, which only restore
+    history: list[dict[str, float]]  # the epochs before this `fit`; each epoch adds its row
+    # A mid-epoch resume's backup: its metric state is put back after `fit` resets the metrics.
+    resumed_from: Path | None
 
-    def __init__(
-        self,
-        backup_dir,
-        fingerprint: dict,
-        phase: int,
-        steps_per_epoch: int,
-        every_steps=None,
-        step_offset: int = 0,
-        write: bool = True,
-        history: list[dict[str, float]] | None = None,
-        resumed_from: Path | None = None,
-    ):
+    def __post_init__(self):
         super().__init__()
-        self.backup_dir, self.fingerprint, self.phase = backup_dir, fingerprint, phase
-        self.steps_per_epoch = steps_per_epoch
-        self.every_steps, self.step_offset, self.write = every_steps, step_offset, write
-        self.history, self.resumed_from = list(history or []), resumed_from
+        self.history = list(self.history)
         self._epoch = 0
 
     def _save(self, epoch: int, step: int) -> None:

@@ -1,9 +1,7 @@
 """What a user may choose, and the checks of those choices: models, strategies, values.
 
-Kept free of TensorFlow so that `mdtrain train` rejects a misspelt option in
-a fraction of a second, before TensorFlow starts. Every check lives here once;
-`TrainConfig.validate`, `build_model` and `resolve_global_batch_size` call
-the same functions, so the API and the command line agree.
+Free of TensorFlow, so `mdtrain train` rejects a misspelt option at once; the API
+and the command line call the same checks, so they agree.
 """
 
 from __future__ import annotations
@@ -44,16 +42,7 @@ _ALIASES = {
 
 
 def check_strategy_name(name: str) -> None:
-    """Raises `UsageError` unless `mdtrain train` offers the strategy `name`.
-
-    Strategies named by the articles that `mdtrain train` does not offer
-    (central storage; parameter servers outside the chief of a cluster with
-    `ps` tasks) get a one-line reason and a pointer to the notebook that
-    measures them.
-
-    Raises:
-        UsageError: for an unknown or not offered name.
-    """
+    """Raises `UsageError` unless offered; the articles' other strategies get a one-line reason."""
     m = CPU_STRATEGY.match(name)
     offered = name in STRATEGIES[:-1] or (m and int(m.group(1)) >= 1)
     if offered or (name == PS_STRATEGY and _is_ps_chief()):

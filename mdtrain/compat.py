@@ -4,11 +4,9 @@ Each use says why no public API does the job and cites the upstream issue.
 `check()` runs at import and raises `ImportError` naming what moved, so a
 Keras or TensorFlow release that renames one of these fails loudly at the
 first `import mdtrain.loop`, instead of training quietly with other numerics.
-The range mdtrain is tested with is `mdtrain.versions.TESTED`.
 
-Importing this module changes nothing. What mdtrain changes in TensorFlow
-for a training run (`run_settings`) it changes inside `train` only and
-restores when `train` returns.
+Importing this module changes nothing; `run_settings` changes TensorFlow
+inside `train` only.
 """
 
 from __future__ import annotations
@@ -48,28 +46,13 @@ def check() -> None:
 
 
 class ExactFitHooks:
-    """Mixin for `mdtrain.loop.ExactTrainer`: the two places where Keras' `fit` is changed.
+    """Mixin for `mdtrain.loop.ExactTrainer`: the two places where Keras' `fit` is changed."""
 
-    1. Build before `fit`/`evaluate` without a data sample.
-
-    Keras 3's `fit` and `evaluate` build the model from a sample of the first
-    batch, reduced across replicas with AddN, which fails when that batch
-    splits unevenly (keras-team/keras#19246) and under
-    MultiWorkerMirroredStrategy (keras-team/keras#20585). A model whose
-    wrapped network knows its input shape needs no sample: build it from that
-    shape, then let Keras create only the optimizer's and metrics' variables
-    (`_symbolic_build` with no data does just that).
-
-    2. `fit` runs each step through the trainer's own compiled step
-    (`train_one_step`). Keras' train function runs each step inside a
-    `tf.while_loop` over `get_next_as_optional`, a graph that rounds some sums
-    differently from a plain step; with the same step, `fit` and
-    `mdtrain.custom_fit` end with the same weights bit for bit, and so does a
-    multi-worker run, which must use the custom loop (keras-team/keras#20585).
-    `make_train_function` is public, but not documented as a hook: it is
-    checked at import with the private names.
-    """
-
+    # Keras 3's fit/evaluate build the model from a first-batch sample reduced across replicas
+    # with AddN, which fails when that batch splits unevenly (keras-team/keras#19246) and under
+    # MultiWorkerMirroredStrategy (keras-team/keras#20585). A net that knows its input shape
+    # needs no sample; `_symbolic_build` with no data then creates only the optimizer's and
+    # metrics' variables.
     def _maybe_symbolic_build(self, iterator=None, data_batch=None):
         with self.distribute_strategy.scope():
             if not self.built and getattr(self.net, "inputs", None):
@@ -78,6 +61,10 @@ class ExactFitHooks:
                 return super()._maybe_symbolic_build(iterator, data_batch)
             self._symbolic_build()
 
+    # Keras' train function runs each step in a `tf.while_loop` over `get_next_as_optional`,
+    # which rounds some sums differently; through the trainer's own step `fit` ends with the
+    # weights of `custom_fit` (which multi-worker runs must use, keras-team/keras#20585) bit
+    # for bit. `make_train_function` is public but no documented hook: checked at import.
     def make_train_function(self, force=False):
         if self.train_function is not None and not force:
             return self.train_function
@@ -91,12 +78,10 @@ class ExactFitHooks:
 
 
 def fresh_collective_keys() -> None:
-    """Gives the next `MirroredStrategy` its own range of collective keys.
+    """Gives the next `MirroredStrategy` its own range of collective keys (no public API).
 
-    Two MirroredStrategies over overlapping devices in one process reuse the
-    same group keys and fail ("joining a group with size 4, but that group
-    has size 2", tensorflow/tensorflow#61314); TensorFlow's own tests move
-    this base the same way. There is no public API for it.
+    Strategies over overlapping devices reuse group keys and fail (tensorflow/tensorflow#61314);
+    TensorFlow's own tests move this base the same way.
     """
     tf.distribute.MirroredStrategy._collective_key_base += 100_000
 
@@ -104,21 +89,11 @@ def fresh_collective_keys() -> None:
 def without_autotuning(ds: tf.data.Dataset) -> tf.data.Dataset:
     """`ds` with tf.data's autotuning model off, so deleting its iterator never stalls.
 
-    An autotuning iterator runs a model thread that sleeps between
-    optimisation rounds, for up to 60 s once a run is a minute old. Deleting
-    the iterator wakes that thread through its cancellation callback, but
-    TensorFlow runs cancellation callbacks before it marks the manager
-    cancelled (tsl `CancellationManager::StartCancelWithStatus`), so the woken
-    thread can find "not cancelled" and sleep out the rest of its period
-    (`tensorflow::data::model::Model::OptimizeLoop`) while the deleting
-    thread waits for it: `mdtrain train` sat idle 30-90 s after its last
-    epoch in 2 runs of 3 (gdb: three `OptimizeLoop` threads in a timed wait,
-    the main thread in `RootDataset::Iterator::~Iterator`). Not reported
-    upstream yet (no issue found, November 2026); `benchmarks/teardown_stall.py`
-    reproduces it with TensorFlow alone. Without the model,
-    `AUTOTUNE` parallelism is the core count and prefetch buffers keep their
-    own (legacy) autotuning, which is what a CPU or GPU input pipeline needs.
+    TensorFlow runs cancellation callbacks before marking the manager cancelled, so a woken
+    model thread can sleep out its period (up to 60 s) while the deleting thread waits (no
+    upstream issue yet; `benchmarks/teardown_stall.py` reproduces it).
     """
+    # Without the model, AUTOTUNE parallelism is the core count; prefetch keeps its own tuning.
     options = tf.data.Options()
     options.autotune.enabled = False
     return ds.with_options(options)
@@ -126,16 +101,7 @@ def without_autotuning(ds: tf.data.Dataset) -> tf.data.Dataset:
 
 @contextlib.contextmanager
 def run_settings(deterministic: bool = False) -> Iterator[None]:
-    """What one `mdtrain.train` run changes in TensorFlow, undone when it ends.
-
-    Per-device datasets without tf.data autotuning (no stall when the run's
-    iterators are deleted), and op determinism when asked for. Keras' global
-    dtype policy is restored by the run itself; the random seeds it sets
-    (`keras.utils.set_random_seed`) stay set, as after any seeded call.
-
-    Args:
-        deterministic: turn TensorFlow's op determinism on. Defaults to False.
-    """
+    """Per-device datasets without autotuning, and op determinism if asked, for one run."""
     # `MultiDeviceIterator` builds one small dataset per device (a generator and a
     # one-element prefetch, nothing to tune) whose options do not come from the user's
     # dataset, so an input pipeline's own options cannot reach them: replaced for the

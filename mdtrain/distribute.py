@@ -1,20 +1,5 @@
 """Choosing a `tf.distribute` strategy, and the batch arithmetic that goes with it.
 
-Strategy names (the `--strategy` option):
-
-- `auto`: a TPU if one is attached, else MirroredStrategy over every GPU,
-  else MirroredStrategy over 2 virtual CPU replicas, so the distributed code
-  path always runs;
-- `mirrored`: MirroredStrategy over every GPU (one CPU replica without GPUs);
-- `multiworker`: MultiWorkerMirroredStrategy; the cluster comes from
-  `TF_CONFIG` (set by `mdtrain launch`, Kubernetes, ...) or from Slurm;
-- `tpu`: TPUStrategy;
-- `one`: one device, no distribution;
-- `cpu:N`: MirroredStrategy over N virtual CPU devices: real replicas and a
-  real all-reduce on a CPU-only machine;
-- `ps`: ParameterServerStrategy, only in the chief of a cluster with `ps`
-  tasks in `TF_CONFIG` (`mdtrain launch --workers N --ps M` starts one).
-
 Virtual CPU devices and GPU memory growth can only be configured before
 TensorFlow initialises its devices, so call `configure_devices` first thing
 in a fresh process (the CLI does).
@@ -63,15 +48,10 @@ def _processes_on_this_host() -> int:
 
 
 def _cpu_runtime(replicas: int) -> None:
-    """Pooled CPU memory, and each CPU replica its share of the cores.
-
-    Both must be set before TensorFlow creates its first device; a value the
-    user set (environment variable, `tf.config.threading`) is kept. Measured
-    in `benchmarks/README.md` (training section).
-    """
+    """Pooled CPU memory, and each CPU replica its share of the cores, unless the user set them."""
     # TensorFlow's default CPU allocator mallocs and frees every activation, and glibc
     # maps and unmaps the large ones each step: the page faults cost as much CPU time
-    # as a third of the step. The BFC allocator keeps freed memory in a pool.
+    # as a third of the step (benchmarks/README.md). BFC keeps freed memory in a pool.
     os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
     if replicas < 2 or tf.config.threading.get_intra_op_parallelism_threads():
         return
@@ -94,7 +74,7 @@ def configure_devices(strategy: str = "auto", cpu_replicas: int = 2) -> None:
     cannot undo them in a running process.
 
     Args:
-        strategy: strategy name (see module doc). Defaults to `"auto"`.
+        strategy: strategy name (see `make_strategy`). Defaults to `"auto"`.
         cpu_replicas: virtual CPU replicas for `"auto"` on a machine with
             neither GPU nor TPU; with either, it is not used, so a notebook
             that asks for `"auto"` uses the accelerators it finds.
@@ -137,8 +117,16 @@ def make_strategy(strategy: str = "auto") -> tf.distribute.Strategy:
     Call `configure_devices(strategy)` before, in the same process.
 
     Args:
-        strategy: one of `auto`, `mirrored`, `multiworker`, `tpu`, `one`,
-            `cpu:N`, `ps` (see the module doc). Defaults to `"auto"`.
+        strategy: the `--strategy` name. `auto`: a TPU if one is attached,
+            else MirroredStrategy over every GPU, else over 2 virtual CPU
+            replicas, so the distributed code path always runs. `mirrored`:
+            every GPU (one CPU replica without). `multiworker`:
+            MultiWorkerMirroredStrategy over the cluster of `TF_CONFIG` (set
+            by `mdtrain launch`, Kubernetes, ...) or Slurm. `tpu`. `one`: one
+            device, no distribution. `cpu:N`: N virtual CPU replicas, with a
+            real all-reduce. `ps`: ParameterServerStrategy, only in the chief
+            of a cluster with `ps` tasks (`mdtrain launch --ps M`).
+            Defaults to `"auto"`.
 
     Returns:
         The strategy; `strategy.num_replicas_in_sync` tells how many replicas.
@@ -193,14 +181,8 @@ def make_strategy(strategy: str = "auto") -> tf.distribute.Strategy:
 def _multiworker_strategy() -> tf.distribute.Strategy:
     """MultiWorkerMirroredStrategy for a cluster described by TF_CONFIG or, failing that, Slurm.
 
-    No collective timeout: TensorFlow 2.21 starts one thread per collective that
-    sleeps out the whole timeout, and with exact batch normalization's dozens of
-    collectives per step a 600 s timeout piled up thousands of threads until the
-    workers could start no more (measured: 8,800 threads per worker after a
-    minute). A lost worker is still detected: the coordination service's
-    heartbeats abort the collectives, and `mdtrain launch` has its own hang timeout.
-    (A TPU cluster resolver, as some tutorials show, has nothing to do with
-    multi-worker GPU training.)
+    No collective timeout: TF 2.21 starts a thread per collective that sleeps it out (8,800
+    threads per worker after a minute); heartbeats and `mdtrain launch` still catch a lost worker.
     """
     if os.environ.get("TF_CONFIG"):
         resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
@@ -217,12 +199,7 @@ def _multiworker_strategy() -> tf.distribute.Strategy:
 def resolve_global_batch_size(
     num_replicas: int, per_replica: int | None = None, global_batch: int | None = None
 ) -> int:
-    """Global batch = per-replica batch × replicas, from whichever is given (else 32 per replica).
-
-    Raises:
-        UsageError: if both are given, one is not positive, or the global
-            batch is not a multiple of the replica count.
-    """
+    """Global batch = per-replica batch × replicas, from whichever is given (neither: 32 × N)."""
     check_batch_sizes(per_replica, global_batch)
     if global_batch is None:
         return (32 if per_replica is None else per_replica) * num_replicas
@@ -238,11 +215,8 @@ def resolve_global_batch_size(
 def shard_by_batch(dataset: tf.data.Dataset) -> tf.data.Dataset:
     """`dataset` as training reads it: the DATA auto-shard policy, no autotuning model.
 
-    Every worker builds the same globally batched stream, so the global
-    batches are exactly those of one machine (sharding by file would need at
-    least as many files as workers, and would change the batches). The
-    autotuning model is off so that deleting the iterator at the end of `fit`
-    cannot stall (`mdtrain.compat.without_autotuning`).
+    Every worker builds the same global batches as one machine; sharding by file would need
+    as many files as workers and change the batches.
     """
     options = tf.data.Options()
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
@@ -314,11 +288,7 @@ def task_name(strategy: tf.distribute.Strategy) -> str | None:
 
 
 def is_chief(strategy: tf.distribute.Strategy) -> bool:
-    """True unless this is a non-chief worker of a multi-worker cluster (TF_CONFIG or Slurm).
-
-    The chief is the task of type `chief`, or worker 0 when the cluster has no
-    `chief` task; it alone writes outputs and backups and reports progress.
-    """
+    """True unless this is a non-chief worker: the chief is task `chief`, else worker 0."""
     resolver, cluster = _cluster(strategy)
     if not cluster or resolver.task_type in (None, "chief"):
         return True

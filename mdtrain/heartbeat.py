@@ -1,11 +1,7 @@
 """A line of progress when an epoch runs long, so that a launcher can tell slow from stuck.
 
-`mdtrain launch` stops a multi-worker job when its workers print nothing for
-`--hang-timeout` seconds: a worker waiting forever in a collective prints
-nothing. But the chief prints one line per epoch, and only the chief prints;
-an epoch longer than the timeout would look stuck too. The launcher sets
-`MDTRAIN_HEARTBEAT_S` in every worker's environment, and the chief's training
-then prints where it is whenever that long has passed without a line.
+`mdtrain launch --hang-timeout` stops workers that print nothing; only the chief
+prints, once per epoch, so a long epoch would look stuck (docs/multi-worker.md).
 """
 
 from __future__ import annotations
@@ -20,12 +16,7 @@ HEARTBEAT_ENV = "MDTRAIN_HEARTBEAT_S"
 
 
 class Heartbeat(keras.callbacks.Callback):
-    """Prints `epoch E: step S/N` once `every_s` seconds have passed without a line.
-
-    Args:
-        every_s: the most seconds between two lines during training.
-        clock: returns the time in seconds. Defaults to `time.monotonic`.
-    """
+    """Prints `epoch E: step S/N` once `every_s` seconds have passed without a line."""
 
     def __init__(self, every_s: float, clock=time.monotonic):
         super().__init__()

@@ -6,20 +6,7 @@ from collections.abc import Mapping, Sequence
 
 
 def history_rows(history) -> list[dict[str, float]]:
-    """One dict of metrics per epoch, from any form a history comes in.
-
-    Args:
-        history: a Keras `History` callback, its `.history` dict of per-epoch
-            lists, or already a list of per-epoch dicts (`TrainResult.history`).
-
-    Returns:
-        `[{"loss": ..., "accuracy": ..., ...}, ...]`, one dict per epoch.
-
-    Example:
-
-    >>> history_rows({"loss": [2.0, 1.0]})
-    [{'loss': 2.0}, {'loss': 1.0}]
-    """
+    """One dict of metrics per epoch, from a Keras `History`, its `.history` dict or a row list."""
     columns = getattr(history, "history", history)
     if isinstance(columns, Sequence):
         return [dict(row) for row in columns]

@@ -12,11 +12,7 @@ partial batch too, where replicas get uneven slices (even none). Keras 3's
 built-in `fit` instead scales each replica's *mean* loss by
 1/num_replicas_in_sync, which is wrong whenever the slices are uneven, and so
 is the common recipe `compute_average_loss(..., global_batch_size=GLOBAL)`,
-which divides a partial batch by the full batch size.
-
-`ExactTrainer` puts these steps in a Keras model, so `model.fit` and
-`custom_fit` (a hand-written `strategy.run` loop) run the same code and end
-with the same weights.
+which divides a partial batch by the full batch size. See docs/numerics.md.
 """
 
 from __future__ import annotations
@@ -63,18 +59,10 @@ def replica_loss(per_example_loss: tf.Tensor, local_count=None, *, global_count=
 
 
 def pad_empty_slice(images: tf.Tensor, labels: tf.Tensor):
-    """Gives a replica whose slice is empty one all-zero example of weight 0.
+    """`(images, labels, 0/1 weights, real count)`; an empty slice gets a zero example of weight 0.
 
-    A partial last batch can leave some replicas nothing (5 examples on 4
-    replicas split 2+2+1+0). They must still run the step and join its
-    all-reduces, but TensorFlow's oneDNN CPU convolutions return a wrongly
-    shaped tensor for an empty batch (tensorflow/tensorflow#112639), and batch
-    statistics of no examples are NaN. A dummy example whose loss and metric
-    weights are 0 adds exactly nothing to the loss, the gradients or the metrics.
-
-    Returns:
-        `(images, labels, weights, count)`: the possibly padded slice, a 0/1
-        weight per example and the number of real examples.
+    The replica still joins the step's all-reduces; oneDNN CPU convolutions mis-shape an
+    empty batch (tensorflow/tensorflow#112639) and its batch statistics would be NaN.
     """
     count = tf.shape(labels)[0]
     pad = tf.cast(tf.equal(count, 0), tf.int32)
@@ -88,9 +76,7 @@ def pad_empty_slice(images: tf.Tensor, labels: tf.Tensor):
 def _compiled_step(strategy: tf.distribute.Strategy, step_fn, element_spec):
     """`strategy.run(step_fn, (batch,))` as one graph, traced once for `element_spec`.
 
-    `fit` and `custom_fit` both run their steps through this, so they execute
-    the same graph and end with the same weights, bit for bit. Tracing for the
-    element spec (batch size unknown) avoids a second trace for the last batch.
+    `fit` and `custom_fit` both run this graph, so they end with the same weights bit for bit.
     """
 
     @tf.function(input_signature=[element_spec])
@@ -105,9 +91,8 @@ def _compiled_step(strategy: tf.distribute.Strategy, step_fn, element_spec):
 def build_optimizer(trainer: keras.Model) -> None:
     """Creates the optimizer's variables now, under the trainer's strategy.
 
-    Slot variables created lazily inside the first compiled step, in a
-    replica context, make later traces fail ("must feed a value for
-    placeholder"), and a restored optimizer state needs them to exist.
+    Created lazily in a replica context they make later traces fail ("must feed a value for
+    placeholder"); a restored optimizer state needs them to exist.
     """
     if not trainer.optimizer.built:
         with trainer.distribute_strategy.scope():
@@ -228,8 +213,7 @@ class ExactTrainer(ExactFitHooks, keras.Model):
         return tf.stack([tf.reduce_sum(values) for values in sums])
 
     def _descend(self, data):
-        """Applies one replica's gradients; returns the global example count and
-        `(labels, probabilities, losses, weights)` for the metrics."""
+        """Applies one replica's gradients; returns the global count and the metrics' inputs."""
         images, labels, weights, count = pad_empty_slice(*self._augmented(data))
         global_count = global_example_count(count)
         with tf.GradientTape() as tape, example_weights(weights):

@@ -1,13 +1,9 @@
 """Batch normalization whose statistics are those of the whole global batch.
 
-Keras' `BatchNormalization` normalises each replica's slice with the slice's
-own mean and variance, so N replicas do not compute what one device computes
-on the same global batch. `ExactBatchNormalization` sums each replica's
-per-channel sums with an all-reduce, in two passes (the mean, then the
-squared deviations from it) exactly as one device computes them, so the
-forward pass, its gradient (TensorFlow all-reduces the gradient of an
-all-reduce) and the moving statistics are those of one device, up to the
-order of float additions.
+Keras' `BatchNormalization` normalises each replica's slice on its own.
+Here the per-channel sums are all-reduced in two passes (the mean, then the
+squared deviations), so the forward pass, its gradient and the moving
+statistics are one device's, up to the order of float additions.
 
 Two details make it exact where Keras' `synchronized=True` is not:
 - the variance is the mean squared deviation, not E[x²] − E[x]², which loses
@@ -49,11 +45,7 @@ def all_reduce_sum(values):
 
 
 def global_moments(x: tf.Tensor, weights: tf.Tensor | None = None):
-    """Per-channel `(mean, biased variance)` of `x` over every replica's examples.
-
-    `x` is `(batch, ..., channels)`; an example whose 0/1 weight in `weights`
-    (shape `(batch,)`, default all 1) is 0 is left out.
-    """
+    """Per-channel `(mean, biased variance)` of `x` over every replica's examples of weight 1."""
     axes = list(range(len(x.shape) - 1))
     if weights is None:
         weights = tf.ones(tf.shape(x)[:1], x.dtype)
@@ -116,13 +108,7 @@ class ExactBatchNormalization(keras.layers.BatchNormalization):
 
 
 def swap_batch_norm(model: keras.Model, layer_class: type) -> keras.Model:
-    """A copy of `model` whose batch-normalization layers are all of `layer_class`.
-
-    With `ExactBatchNormalization` it makes a Keras model exact under any
-    strategy; with `keras.layers.BatchNormalization` it undoes that, as
-    notebook 03 does to show what per-replica statistics change. The copy has
-    the same weights; `model` is functional or sequential.
-    """
+    """A copy of functional or sequential `model`, same weights, batch norm of `layer_class`."""
 
     def clone(layer):
         if isinstance(layer, keras.Model):

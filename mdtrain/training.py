@@ -1,8 +1,7 @@
 """`train(config)`: the whole training run that `mdtrain train` and the notebooks use.
 
-Devices → data → strategy → model → (fine-tuning) → outputs, with every
-choice in one `TrainConfig`. The logic of each step lives in its own module;
-this one only wires them together and writes the results.
+Devices → data → strategy → model → (fine-tuning) → outputs; this module
+wires the other modules together and writes the results.
 """
 
 from __future__ import annotations
@@ -117,17 +116,7 @@ def train(config: TrainConfig, callbacks: list | None = None) -> TrainResult:
 
 
 def input_data_for(config: TrainConfig, splits, global_batch_size: int, **overrides):
-    """The run's `mdtrain.pipeline.InputData`: `config`'s seed, augmentation and cache.
-
-    Args:
-        config: the run's `TrainConfig`.
-        splits: its images (`mdtrain.data.Splits`).
-        global_batch_size: images per step over all replicas.
-        **overrides: `InputData` arguments that differ from `config`'s.
-
-    Returns:
-        The `InputData`.
-    """
+    """The run's `InputData`: `config`'s seed, augmentation and cache, except `overrides`."""
     from mdtrain.augment import AugmentPolicy
     from mdtrain.pipeline import InputData
 
@@ -143,17 +132,7 @@ def input_data_for(config: TrainConfig, splits, global_batch_size: int, **overri
 
 
 def new_trainer(config: TrainConfig, splits, augment=None):
-    """`config`'s model in an `mdtrain.loop.ExactTrainer`; call it in the strategy's scope.
-
-    Args:
-        config: the run's `TrainConfig` (model, weights, dropout, class weights).
-        splits: its images (`mdtrain.data.Splits`): the classes and their counts.
-        augment: the `AugmentPolicy` the training step applies, or None when
-            the batches come augmented or not at all. Defaults to None.
-
-    Returns:
-        The trainer, not compiled.
-    """
+    """`config`'s model in an uncompiled `ExactTrainer`; call it in the strategy's scope."""
     from mdtrain.imbalance import class_weights_for
     from mdtrain.loop import ExactTrainer
     from mdtrain.models import build_model
@@ -256,8 +235,8 @@ class _Run:
 
         size = self.config.resolved_image_size
         previous = keras.mixed_precision.dtype_policy()
-        mode = "auto" if self.config.mixed_precision else "float32"  # auto: float16 on GPUs only
-        keras.mixed_precision.set_dtype_policy(choose_policy(mode, local_device_kinds()))
+        policy = choose_policy(self.config.mixed_precision, local_device_kinds())
+        keras.mixed_precision.set_dtype_policy(policy)  # mixed: float16 on GPUs only
         try:
             with self.strategy.scope():
                 augment = self.inputs.augment if self.augment_in == "model" else None
@@ -393,31 +372,15 @@ class _Run:
 def write_outputs(output, net, history, report: dict, chief: bool = True) -> None:
     """Writes a run's `model.keras`, `history.json` and `report.json`: the one output writer.
 
-    `model.keras` holds Keras' own `BatchNormalization` in place of mdtrain's
-    exact layer (at inference both use the moving statistics), so it predicts
-    what `net` predicts and loads with plain `keras.models.load_model` in a
-    process that never imports mdtrain. Only the chief's files are kept: the
-    other workers of a multi-worker run take part in saving (it can involve
-    collectives) into a temporary folder that is then deleted. If `output`
-    cannot be written (the disk filled up, the folder went away), the files go
-    to a new temporary folder named in the error: a full disk does not cost
-    the hours of training before it.
-
-    Args:
-        output: the `--output` folder, created if missing.
-        net: the trained classifier.
-        history: JSON-able metrics history.
-        report: the JSON-able report.
-        chief: whether this process is the chief. Defaults to True.
-
-    Raises:
-        UsageError: when `output` could not be written (the files are elsewhere).
+    Other workers save into a temporary folder (saving can involve collectives); an
+    unwritable `output` sends the files to a new temporary folder named in the error.
     """
     import keras
 
     from mdtrain.norm import swap_batch_norm
 
     def save(out: Path) -> None:
+        # Keras' own BatchNormalization (the same at inference): loads without mdtrain.
         swap_batch_norm(net, keras.layers.BatchNormalization).save(out / "model.keras")
         (out / "history.json").write_text(json.dumps(history, indent=1))
         (out / "report.json").write_text(json.dumps(report, indent=1))

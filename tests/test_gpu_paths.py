@@ -22,7 +22,7 @@ from mdtrain.errors import UsageError
 from mdtrain.gpus import worker_devices
 from mdtrain.monitor import Sampler
 from mdtrain.monitor.sampler import NvmlReader
-from mdtrain.precision import MODES, choose_policy
+from mdtrain.precision import choose_policy
 
 # --- memory growth ---------------------------------------------------------------
 
@@ -183,25 +183,19 @@ def test_make_strategy_says_what_is_missing_in_one_line(fake_strategies, name, g
 
 
 @pytest.mark.parametrize(
-    ("mode", "kinds", "policy"),
+    ("mixed", "kinds", "policy"),
     [
-        ("auto", ["CPU", "GPU", "GPU"], "mixed_float16"),  # Kaggle's 2×T4
-        ("auto", ["gpu"], "mixed_float16"),
-        ("auto", ["CPU"], "mixed_bfloat16"),
-        ("auto", ["CPU", "TPU", "TPU"], "mixed_bfloat16"),
-        ("auto", [], "mixed_bfloat16"),
-        ("float32", ["GPU"], "float32"),
-        ("float32", ["CPU"], "float32"),
+        (True, ["CPU", "GPU", "GPU"], "mixed_float16"),  # Kaggle's 2×T4
+        (True, ["gpu"], "mixed_float16"),
+        (True, ["CPU"], "mixed_bfloat16"),
+        (True, ["CPU", "TPU", "TPU"], "mixed_bfloat16"),
+        (True, [], "mixed_bfloat16"),
+        (False, ["GPU"], "float32"),
+        (False, ["CPU"], "float32"),
     ],
 )
-def test_choose_policy(mode, kinds, policy):
-    assert choose_policy(mode, kinds) == policy
-
-
-def test_choose_policy_rejects_an_unknown_mode_in_one_line():
-    with pytest.raises(UsageError, match="choose one of auto, float32"):
-        choose_policy("half", ["GPU"])
-    assert MODES[0] == "auto"
+def test_choose_policy(mixed, kinds, policy):
+    assert choose_policy(mixed, kinds) == policy
 
 
 @pytest.mark.parametrize("kinds", [["CPU", "GPU", "GPU"], ["CPU"]])
@@ -211,7 +205,7 @@ def test_the_auto_policy_trains_a_step(kinds):
     Under float16 Keras' `compile` scales the loss itself (a `LossScaleOptimizer`), under
     bfloat16 it does not need to."""
     keras = pytest.importorskip("keras")
-    policy = choose_policy("auto", kinds)
+    policy = choose_policy(True, kinds)
     previous = keras.mixed_precision.dtype_policy()
     keras.mixed_precision.set_dtype_policy(policy)
     try:
@@ -243,9 +237,9 @@ def test_local_device_kinds_on_this_machine():
     kinds = local_device_kinds()
     assert kinds == ["CPU", "CPU", "CPU", "CPU"] + ["GPU"] * gpus
     if gpus:
-        assert choose_policy("auto", kinds) == "mixed_float16"
+        assert choose_policy(True, kinds) == "mixed_float16"
     else:
-        assert choose_policy("auto", kinds) == "mixed_bfloat16"
+        assert choose_policy(True, kinds) == "mixed_bfloat16"
 
 
 # --- NVML reader and sampler -----------------------------------------------------------
