@@ -7,11 +7,6 @@ when committed inside a notebook.
 
 Images may be uint8 (0-255) or float in [0, 255] or [0, 1]; tensors are
 converted with `numpy.asarray`.
-
-Modules: `images` (image grids, augmentations side by side), `training`
-(learning curves), `imbalance` (classes per split, per replica slice,
-recall per class); `common` holds the figure, image, bar and colour
-helpers they share.
 """
 
 from __future__ import annotations
