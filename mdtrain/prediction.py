@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from mdtrain.choices import LITE0
-from mdtrain.data import SkippedFile
+from mdtrain.data import ImageList, SkippedFile, find_undecodable
 from mdtrain.errors import UsageError, bad_value
 from mdtrain.images import image_files
 
@@ -162,10 +162,7 @@ def predict(
     net, names, notes = _load(model, model_file, weights, image_size)
     names = _check_names(list(class_names) if class_names is not None else names, net)
     size = _input_size(net, image_size)
-    import numpy as np
-
     from mdtrain.compat import without_autotuning
-    from mdtrain.data import ImageList, find_undecodable
     from mdtrain.pipeline import decoded_images
 
     skipped = find_undecodable(files)
@@ -178,7 +175,7 @@ def predict(
         probabilities = net.predict(without_autotuning(images), verbose=0)
     predictions = []
     for path, p in zip(kept, probabilities, strict=True):
-        best = np.argsort(-p, kind="stable")[:top]
+        best = (-p).argsort(kind="stable")[:top]
         top_k = [{"index": int(i), "label": names[i], "probability": float(p[i])} for i in best]
         predictions.append(Prediction(path, top_k))
     return PredictResult(predictions, skipped, notes)
