@@ -254,6 +254,9 @@ def imagenet_class_names() -> list[str]:
 
     The file ships with mdtrain (no download); its header names its source.
 
+    Returns:
+        1,000 names; index `i` names ImageNet class `i`, as the classifier's outputs.
+
     Example:
 
     >>> imagenet_class_names()[285]

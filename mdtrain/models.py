@@ -191,6 +191,15 @@ def unfreeze_top(model: keras.Model, fraction: float = 0.2) -> int:
 
     Returns:
         Number of layers made trainable.
+
+    Raises:
+        ValueError: for a model without a base (`small-cnn`).
+
+    Example:
+
+    >>> model = build_model("efficientnetv2-b0", num_classes=5, image_size=32)
+    >>> unfreeze_top(model)
+    44
     """
     base = model.get_layer(BASE_NAME)
     base.trainable = True
