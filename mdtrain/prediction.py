@@ -1,17 +1,8 @@
 """`predict(...)`: class probabilities for image files, from a trained run or ImageNet.
 
-What `mdtrain predict` runs. Images are read, decoded and resized by
-`mdtrain.images.load_image`, the function the training pipeline uses, so a
-model sees at prediction time exactly what it saw in training. Files that
-cannot be decoded are skipped and reported (with the reason), never fatal.
-
-Two kinds of model:
-
-- a trained run: `model_file="RUN/model.keras"`; the class names come from
-  `report.json` beside it (`class_names`), as `mdtrain train --output RUN`
-  writes them;
-- the pretrained ImageNet network: `model="efficientnet-lite0"` with
-  `weights="imagenet"` (offline; `mdtrain.lite0`), 1,000 ImageNet classes.
+What `mdtrain predict` runs. Images are decoded and resized by the training
+pipeline's own code, so a model sees at prediction time exactly what it saw in
+training. Files that cannot be decoded are skipped and reported, never fatal.
 """
 
 from __future__ import annotations
@@ -22,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from mdtrain.choices import LITE0
-from mdtrain.data import SkippedFile
+from mdtrain.data import ImageList, SkippedFile, find_undecodable
 from mdtrain.errors import UsageError, bad_value
 from mdtrain.images import image_files
 
@@ -59,11 +50,7 @@ class PredictResult:
 def find_image_files(paths: list[str | os.PathLike]) -> list[str]:
     """The files to classify: each file as given, and the image files inside each folder.
 
-    A file named explicitly is kept whatever its extension (the decoder goes
-    by content, and reports what it cannot read); folders are searched
-    recursively for `.jpg .jpeg .png .gif .bmp` files, hidden ones left out.
-    Paths come in the order given, each folder's sorted; a path that does
-    not exist, or finding nothing, is a UsageError.
+    A file named explicitly is kept whatever its extension: the decoder goes by content.
     """
     files: list[str] = []
     for path in map(Path, paths):
@@ -175,10 +162,7 @@ def predict(
     net, names, notes = _load(model, model_file, weights, image_size)
     names = _check_names(list(class_names) if class_names is not None else names, net)
     size = _input_size(net, image_size)
-    import numpy as np
-
     from mdtrain.compat import without_autotuning
-    from mdtrain.data import ImageList, find_undecodable
     from mdtrain.pipeline import decoded_images
 
     skipped = find_undecodable(files)
@@ -191,7 +175,7 @@ def predict(
         probabilities = net.predict(without_autotuning(images), verbose=0)
     predictions = []
     for path, p in zip(kept, probabilities, strict=True):
-        best = np.argsort(-p, kind="stable")[:top]
+        best = (-p).argsort(kind="stable")[:top]
         top_k = [{"index": int(i), "label": names[i], "probability": float(p[i])} for i in best]
         predictions.append(Prediction(path, top_k))
     return PredictResult(predictions, skipped, notes)

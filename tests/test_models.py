@@ -140,3 +140,15 @@ def test_imagenet_offline_is_a_quick_usage_error(monkeypatch):
     assert time.perf_counter() - start < 30
     assert calls and "efficientnetv2-b0_notop" in str(calls[0])
     assert "--weights none" in str(info.value)
+
+
+def test_lite0_exports_exactly_its_four_documented_functions():
+    import mdtrain.lite0 as lite0
+
+    namespace = {}
+    exec("from mdtrain.lite0 import *", namespace)  # what a star import gives a user
+    public = {"offline_base", "imagenet_classifier", "imagenet_class_names"}
+    public.add("read_legacy_torch_file")
+    assert set(namespace) - {"__builtins__"} == public == set(lite0.__all__)
+    for name in public:
+        assert "Returns:" in getattr(lite0, name).__doc__, name

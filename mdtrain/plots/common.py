@@ -14,10 +14,7 @@ DPI = 80  # keeps committed notebook images small
 def new_figure(
     figsize: tuple[float, float], title: str | None = None, layout: str | None = None
 ) -> Figure:
-    """A new figure that pyplot does not keep: shown only where it is returned or displayed.
-
-    `title` is its suptitle; `layout` its layout engine (`"tight"`, `"constrained"`).
-    """
+    """A new figure with suptitle `title` that pyplot does not keep: shown where it is returned."""
     fig = plt.figure(figsize=figsize, dpi=DPI, layout=layout)
     plt.close(fig)  # otherwise Jupyter's inline backend shows it a second time
     if title:
@@ -48,8 +45,7 @@ def show_image(ax, image, title: str | None = None, color: str | None = None) ->
 def axes_grid(n: int, ncols: int, cell=1.3, title=None, rows=None, left=0.0):
     """A figure of `n` image cells of side `cell` inches, `ncols` per row; `(figure, axes)`.
 
-    `rows` gives the cells of each row when rows are not all full (`sum(rows) == n`);
-    `left` adds inches at the left, for row labels.
+    `rows`: the cells of each row, when not all are full; `left`: inches for row labels.
     """
     ncols = max(1, min(ncols, n) if rows is None else ncols)
     rows = rows if rows is not None else [min(ncols, n - i) for i in range(0, n, ncols)] or [0]
@@ -75,8 +71,7 @@ def tab10_colors(n: int) -> list:
 def grouped_bars(ax, groups, fmt: str = "%g", fontsize: float = 8, errors=None) -> None:
     """Bars side by side at each x position, one colour per group, each labelled with its value.
 
-    `groups` maps a legend label (empty: none) to one height per x position;
-    `errors` maps a label to its whiskers, as `Axes.bar`'s `yerr` takes them.
+    `groups` and `errors`: legend label (empty: none) -> heights, and -> `Axes.bar`'s `yerr`.
     """
     width = 0.8 / max(1, len(groups))
     colors = tab10_colors(len(groups))
