@@ -1,7 +1,4 @@
-"""`mdtrain train` as a local job, the CLI's `mdtrain launch`: multi-worker or parameter-server.
-
-A parameter-server job has the roles `ps`, `worker` and `chief`, and ends with the chief.
-"""
+"""`mdtrain train` as a local job, the CLI's `mdtrain launch`: multi-worker or parameter-server."""
 
 from __future__ import annotations
 
@@ -60,8 +57,7 @@ def launch(
             `log_dir`, `hang_timeout_s`, `env`, `stream`, `gpus_per_worker`).
 
     Returns:
-        The exit status of `run_workers`, or with `num_ps` the chief's (see
-        `mdtrain.launcher` for both).
+        The job's exit status, as `mdtrain.launcher`'s table of exit codes gives it.
 
     Raises:
         UsageError: If `train_args` asks for another strategy, `restarts` comes
@@ -90,15 +86,7 @@ def _run_ps_cluster(
     chief_command: list[str], server_command: list[str], num_workers: int, num_ps: int,
     *, host: str = "127.0.0.1", **options,
 ) -> int:  # fmt: skip
-    """Runs `num_ps` servers, `num_workers` workers and a chief; returns the job's exit status.
-
-    Every task gets `TF_CONFIG` with its role and `MDTRAIN_ROLE`; workers also
-    get `MDTRAIN_WORKER_INDEX` (for `kill_worker_when`). The ps and workers run
-    `server_command` and never end on their own; the job ends with the chief's
-    `chief_command`. A worker that dies does not stop the job (the chief's
-    coordinator runs its steps on the others); a ps that dies does (it held
-    variables). Only workers get GPUs. `options` are `run_workers`'.
-    """
+    """Runs `num_ps` servers, `num_workers` workers and a chief; the job ends with the chief."""
     if num_workers < 1 or num_ps < 1:
         raise UsageError(f"--workers {num_workers} --ps {num_ps}: pass at least 1 of each")
     job = Job(num_workers, host=host, **options)
@@ -112,7 +100,7 @@ def _run_ps_cluster(
             env = dict(job.env, MDTRAIN_ROLE=role, TF_CONFIG=json.dumps(
                 {"cluster": cluster, "task": {"type": role, "index": index}}))  # fmt: skip
             if role == "worker":
-                env["MDTRAIN_WORKER_INDEX"] = str(index)
+                env["MDTRAIN_WORKER_INDEX"] = str(index)  # what kill_worker_when looks for
             if job.gpus is not None:  # workers compute; the ps and the chief hold and schedule
                 env["CUDA_VISIBLE_DEVICES"] = job.gpus[index] if role == "worker" else ""
             command = chief_command if role == "chief" else server_command

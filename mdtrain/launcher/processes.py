@@ -1,10 +1,7 @@
-"""Process groups: start tasks together, pump their output, stop them all.
+"""Process groups: start a job's tasks together, pump their output, stop them all.
 
-Every task runs in its own process group (Ctrl-C is the launcher's to
-forward) and dies with the launcher (Linux's parent-death signal). One thread
-per task copies its output to the task's log file and, prefixed with its
-label, to the job's stream. Ctrl-C and SIGTERM stop every task before the
-launcher returns; so does any error in between.
+Ctrl-C, SIGTERM and any error stop every task before the launcher returns, and
+every task dies with the launcher (Linux's parent-death signal).
 """
 
 from __future__ import annotations
@@ -72,11 +69,7 @@ _RUNTIME_LOG = re.compile(
 
 
 class Job:
-    """One launch: its log folder, stream and environment, each worker's GPUs, and its tasks.
-
-    The tasks are those of the current attempt; `last_output` is when any of
-    them last printed. The options are `run_workers`'.
-    """
+    """One launch: its log folder, stream, environment, each worker's GPUs, and its tasks."""
 
     def __init__(
         self,
@@ -215,10 +208,7 @@ class Job:
         self.write("launch", message)
 
     def run(self, body: Callable[[], int], noun: str | None = None) -> int:
-        """Returns `body()`, or 130 on Ctrl-C and 143 on SIGTERM after stopping the tasks.
-
-        With `noun` ("workers") it says what it stops.
-        """
+        """Returns `body()`, or 130 on Ctrl-C and 143 on SIGTERM after stopping the tasks."""
         # SIGTERM (from kill, Slurm, docker stop) must stop the tasks too, not just end us:
         # its handler raises SystemExit in the main thread, the only one that may set it.
         main = threading.current_thread() is threading.main_thread()

@@ -95,8 +95,8 @@ def run_workers(
     go to `stream` as `[worker i] ...` and are appended to `log_dir/worker-i.log`
     under a `=== attempt k ===` header. A worker that exits non-zero stops the
     others; while restarts are left all start again on fresh ports, and resuming
-    is the command's job (`--backup-dir`). See `mdtrain.launcher`'s docstring for exit
-    codes and why `host` must stay on loopback or a trusted network.
+    is the command's job (`--backup-dir`). Keep `host` on loopback or a trusted
+    network (`mdtrain.launcher`, "Security").
 
     Args:
         command: The program and its arguments that every worker runs.
@@ -119,9 +119,7 @@ def run_workers(
             Defaults to `None`: the visible GPUs split evenly, none on a CPU machine.
 
     Returns:
-        The exit status described in the module docstring: the chief's status,
-        the failing worker's once restarts are spent, 124 for stuck workers,
-        130 on Ctrl-C, 143 on SIGTERM.
+        The job's exit status, as `mdtrain.launcher`'s table of exit codes gives it.
 
     Raises:
         UsageError: If `command` is empty or cannot be started, `num_workers < 1`,

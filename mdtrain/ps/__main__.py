@@ -1,9 +1,4 @@
-"""What each task of a parameter-server job runs: `python -m mdtrain.ps serve | chief <args>`.
-
-`serve` runs a ps or worker task; `chief <train arguments>` runs `mdtrain
-train --strategy ps` with the chief's own options. `mdtrain launch --workers
-N --ps M` (`mdtrain.launch(N, args, num_ps=M)`) starts them.
-"""
+"""What each task of a parameter-server job runs: `python -m mdtrain.ps serve | chief <args>`."""
 
 from __future__ import annotations
 
