@@ -83,15 +83,14 @@ def worker_devices(
     With at least one GPU per worker, each worker gets `len(gpus) // num_workers`
     of them (Kaggle's 2×T4, 2 workers: one T4 each). With fewer GPUs than
     workers (Colab's one GPU, 2 workers) every worker runs on the CPU, rather
-    than two processes fighting over one GPU's memory; and without a GPU they
-    run on the CPU anyway. Pass `gpus_per_worker` and
-    `cuda_visible_devices` on to every run that is to be compared, so that
-    like is compared with like. `mdtrain launch` makes the same choice, unless
-    `--gpus-per-worker` asks for another.
+    than two processes fighting over one GPU's memory. Pass `gpus_per_worker`
+    and `cuda_visible_devices` on to every run that is to be compared, so that
+    like is compared with like. `mdtrain launch` makes the same choice.
 
     Args:
         num_workers: How many workers. Must be at least 1.
-        gpus: The GPUs to share out. Defaults to `None`: `visible_gpus()`.
+        gpus: The GPUs to share out. Defaults to `None`: those this process
+            sees (its `CUDA_VISIBLE_DEVICES`, else those NVML counts).
         gpus_per_worker: GPUs of each worker, K: worker `i` gets
             `gpus[i*K:(i+1)*K]`, GPUs left over are not used; `0` puts every
             worker on the CPU. Defaults to `None`: the choice above.

@@ -35,14 +35,12 @@ def launch(
 ) -> int:
     """Runs `mdtrain train` as a local job of `num_workers` workers.
 
-    The CLI's `mdtrain launch --workers N [--ps M] [--restarts R] -- <train
-    arguments>`. Without parameter servers every worker runs `mdtrain train
-    --strategy multiworker` (`run_workers`); with restarts, pass `--backup-dir
-    DIR` in `train_args` so a restarted run resumes instead of starting over.
-    With `num_ps` (`--ps M`) it runs parameter-server training instead: the
-    chief runs `python -m mdtrain.ps chief <train arguments>`, every ps and
-    worker `python -m mdtrain.ps serve`; a worker that dies does not stop the
-    job, a ps that dies does, and the job ends with the chief.
+    The CLI's `mdtrain launch`. Without parameter servers every worker runs
+    `mdtrain train --strategy multiworker` (`run_workers`); with restarts, pass
+    `--backup-dir DIR` in `train_args` so a restarted run resumes instead of
+    starting over. With `num_ps` it runs parameter-server training: a worker
+    that dies does not stop the job, a ps that dies does, and the job ends
+    with the chief.
 
     Args:
         num_workers: How many workers to start. Must be at least 1.
@@ -89,10 +87,9 @@ def _run_ps_cluster(
     """Runs `num_ps` servers, `num_workers` workers and a chief; the job ends with the chief."""
     if num_workers < 1 or num_ps < 1:
         raise UsageError(f"--workers {num_workers} --ps {num_ps}: pass at least 1 of each")
-    job = Job(num_workers, host=host, **options)
+    job = Job(num_workers, f"{num_ps} ps, {num_workers} workers and a chief", host=host, **options)
     chief, *rest = free_addresses(1 + num_workers + num_ps, host)
     cluster = {"chief": [chief], "worker": rest[:num_workers], "ps": rest[num_workers:]}
-    job.announce(f"{num_ps} ps, {num_workers} workers and a chief")
 
     def start_and_watch() -> int:
         roles = [("ps", i) for i in range(num_ps)] + [("worker", i) for i in range(num_workers)]

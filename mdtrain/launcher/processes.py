@@ -69,11 +69,12 @@ _RUNTIME_LOG = re.compile(
 
 
 class Job:
-    """One launch: its log folder, stream, environment, each worker's GPUs, and its tasks."""
+    """One launch of `tasks`: its log folder, stream, environment, each worker's GPUs, its tasks."""
 
     def __init__(
         self,
         num_workers: int,
+        tasks: str,
         *,
         host: str = "127.0.0.1",
         log_dir: str | os.PathLike | None = None,
@@ -88,10 +89,7 @@ class Job:
         chosen = gpus_per_worker is None
         # Each worker's CUDA_VISIBLE_DEVICES; None without GPUs: the launcher's environment.
         self.gpus = None if chosen and not devices.gpus else list(devices.cuda_visible_devices)
-        # Fewer GPUs than workers put every worker on the CPU: one line says so.
-        on_cpu = chosen and devices.gpus and not devices.gpus_per_worker
-        self.note = devices.describe() if on_cpu else None
-        self.host, self.hang_timeout_s = host, hang_timeout_s
+        self.hang_timeout_s = hang_timeout_s
         self.env = dict(os.environ if env is None else env)
         # After the checks: a usage error leaves no log folder behind.
         self.log_dir = Path(tempfile.mkdtemp(prefix="mdtrain-") if log_dir is None else log_dir)
@@ -99,6 +97,9 @@ class Job:
         self.stream = sys.stdout if stream is None else stream  # a notebook's, if it is one
         self.lock = threading.Lock()
         self.new_attempt()
+        self.say(f"{tasks} on {host}; logs in {self.log_dir}")
+        if chosen and devices.gpus and not devices.gpus_per_worker:
+            self.say(devices.describe())  # fewer GPUs than workers put every worker on the CPU
 
     def new_attempt(self) -> None:
         """Forgets the tasks of the last attempt, which were stopped; the next ones start fresh."""
@@ -108,12 +109,6 @@ class Job:
         self._logs: list[TextIO] = []
         self._threads: list[threading.Thread] = []
         self._preexec = child_setup()
-
-    def announce(self, tasks: str) -> None:
-        """The job's first lines: its tasks, host and log folder; then where the workers run."""
-        self.say(f"{tasks} on {self.host}; logs in {self.log_dir}")
-        if self.note:
-            self.say(self.note)
 
     def spawn(self, command: list[str], env: dict[str, str], label: str, header: str = "") -> None:
         """Starts `command` as the task `label`, its log file opened with `header` first."""

@@ -132,9 +132,9 @@ def run_workers(
         raise UsageError("empty worker command; pass the program to run, e.g. ['python', 'x.py']")
     if restarts < 0:
         raise UsageError(f"--restarts {restarts}: pass 0 or more restarts")
-    job = Job(num_workers, host=host, log_dir=log_dir, hang_timeout_s=hang_timeout_s, env=env,
-              stream=stream, gpus_per_worker=gpus_per_worker)  # fmt: skip
-    job.announce(f"{num_workers} workers")
+    job = Job(num_workers, f"{num_workers} workers", host=host, log_dir=log_dir, env=env,
+              hang_timeout_s=hang_timeout_s, stream=stream,
+              gpus_per_worker=gpus_per_worker)  # fmt: skip
     if job.gpus is not None:
         shares = (f"worker {i}: {g or '(none)'}" for i, g in enumerate(job.gpus))
         job.say("CUDA_VISIBLE_DEVICES " + "; ".join(shares))

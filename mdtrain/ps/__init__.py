@@ -1,9 +1,9 @@
-"""Parameter-server training: the servers of the `ps` and `worker` tasks.
+"""Parameter-server training: what each task runs, `python -m mdtrain.ps serve | chief <args>`.
 
 Parameter servers hold the variables; workers run whole steps, asynchronously,
-that the chief schedules in its loop (`loop.coordinator_fit`); `__main__` is
-what `mdtrain launch --ps M` starts in each task. See docs/multi-worker.md;
-the servers speak unauthenticated gRPC (`mdtrain.launcher`, "Security").
+that the chief schedules in its loop (`loop.coordinator_fit`); `mdtrain launch
+--ps M` starts every task. See docs/multi-worker.md; the servers speak
+unauthenticated gRPC (`mdtrain.launcher`, "Security").
 
 The thread-pool trap, handled here: a worker runs each scheduled function
 on its inter-op thread pool, which by default has one thread per core, and
@@ -14,11 +14,17 @@ every server at least `MIN_INTER_OP_THREADS` threads.
 
 from __future__ import annotations
 
+import argparse
 import os
+import sys
+from pathlib import Path
 
+import keras
 import tensorflow as tf
 
-from mdtrain.errors import UsageError
+from mdtrain import cli
+from mdtrain.config import TrainConfig
+from mdtrain.errors import USAGE_EXIT_CODE, UsageError
 
 MIN_INTER_OP_THREADS = 3  # measured: 2 threads (the default on 2 cores) hang every step
 
@@ -46,3 +52,52 @@ def serve() -> None:
     )
     print(f"{resolver.task_type} {resolver.task_id} serving at {server.target}", flush=True)
     server.join()
+
+
+class MarkAfter(keras.callbacks.Callback):
+    """The fault drill: creates `mark_file` once `steps` steps are done.
+
+    A launcher may kill a worker then (`mdtrain.launcher.kill_worker_when`).
+    """
+
+    def __init__(self, steps: int, mark_file: str):
+        super().__init__()
+        self.steps, self.mark_file, self._epoch = steps, Path(mark_file), 0
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch = epoch
+
+    def on_train_batch_end(self, batch, logs=None):
+        done = self._epoch * self.params["steps"] + batch + 1
+        if done >= self.steps and not self.mark_file.exists():
+            self.mark_file.touch()
+            print(f"step {done}: drill mark written", flush=True)
+
+
+def _chief(argv: list[str]) -> int:
+    extra = argparse.ArgumentParser(add_help=False)
+    extra.add_argument("--log-every", type=int, default=TrainConfig.log_every,
+                       help="steps per point of the loss curve")  # fmt: skip
+    extra.add_argument("--mark-after", type=int,
+                       help="fault drill: create --mark-file after this many steps")  # fmt: skip
+    extra.add_argument("--mark-file", help="fault drill: the file to create")
+    ours, rest = extra.parse_known_args(argv)
+    args = cli.build_parser().parse_args(["train", *rest])
+    args.strategy, args.log_every = "ps", ours.log_every
+    drill = ours.mark_after is not None and ours.mark_file
+    return cli.run_train(args, [MarkAfter(ours.mark_after, ours.mark_file)] if drill else None)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m mdtrain.ps serve` (a ps or worker task) or `... chief <train arguments>`."""
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        if argv[:1] == ["serve"]:
+            serve()
+            return 0
+        if argv[:1] == ["chief"]:
+            return _chief(argv[1:])
+        raise UsageError("usage: python -m mdtrain.ps serve | chief <mdtrain train arguments>")
+    except UsageError as error:
+        print(f"mdtrain: error: {error.as_option()}", file=sys.stderr)
+        return USAGE_EXIT_CODE
