@@ -129,8 +129,7 @@ import json, sys
 import keras, numpy as np, tensorflow as tf
 from mdtrain.loop import ExactTrainer
 from mdtrain.launcher import free_ports
-from mdtrain.ps import server_config
-from mdtrain.ps.loop import coordinator_fit
+from mdtrain.ps import coordinator_fit, server_config
 
 # The in-process cluster of TensorFlow's parameter-server tutorial (and notebook 07).
 ports = iter(free_ports(3))

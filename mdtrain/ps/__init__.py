@@ -25,6 +25,7 @@ import tensorflow as tf
 from mdtrain import cli
 from mdtrain.config import TrainConfig
 from mdtrain.errors import USAGE_EXIT_CODE, UsageError
+from mdtrain.ps.loop import coordinator_fit as coordinator_fit  # re-exported: docs/multi-worker.md
 
 MIN_INTER_OP_THREADS = 3  # measured: 2 threads (the default on 2 cores) hang every step
 

@@ -35,6 +35,8 @@ def coordinator_fit(
     Keras metrics would live on the parameter servers, where two workers' updates can
     interleave and one be lost: each step returns its own sums, which the chief adds up.
     """
+    if log_every < 1:
+        raise ValueError(f"log_every must be at least 1, not {log_every}")
     coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
     build_optimizer(trainer)  # on the ps, before any step
     iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
