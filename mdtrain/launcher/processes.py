@@ -181,9 +181,8 @@ class Job:
     def write(self, label: str, line: str) -> None:
         """Writes `[label] line` to the job's stream, one whole line at a time.
 
-        A stream that fails never stops the job (the log files keep every
-        line): a character it cannot encode is escaped; once its reader is
-        gone (`mdtrain launch ... | head`), it is written to no more.
+        A stream that fails never stops the job (the logs keep every line): a character it
+        cannot encode is escaped; once its reader is gone (`... | head`), it gets no more.
         """
         text = f"[{label}] {line}\n"
         with self.lock:
