@@ -49,7 +49,6 @@ def serve() -> None:
         task_index=resolver.task_id,
         protocol=resolver.rpc_layer or "grpc",
         config=server_config(),
-        start=True,
     )
     print(f"{resolver.task_type} {resolver.task_id} serving at {server.target}", flush=True)
     server.join()
