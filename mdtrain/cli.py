@@ -235,15 +235,7 @@ def _run_data(args) -> int:
 
 
 def run_train(args: argparse.Namespace, callbacks: list | None = None) -> int:
-    """`mdtrain train`: one `train(config)` of the parsed options; also a ps chief's run.
-
-    Args:
-        args: `build_parser()`'s options of the `train` command.
-        callbacks: Keras callbacks for `train`. Defaults to None.
-
-    Returns:
-        0 (bad input raises `UsageError`).
-    """
+    """`mdtrain train`: one `train(config)` of the parsed options; also a ps chief's run."""
     from mdtrain.training import TrainConfig, train
 
     options = {k: v for k, v in vars(args).items() if k not in ("command", "json")}
@@ -302,14 +294,7 @@ _COMMANDS = {
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Runs the `mdtrain` command; returns its exit code.
-
-    Args:
-        argv: arguments without the program name. Defaults to `sys.argv[1:]`.
-
-    Returns:
-        0 on success, 2 on bad input, the workers' status for `launch`.
-    """
+    """Runs the `mdtrain` command on `argv` (default: `sys.argv[1:]`); returns its exit code."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # keep TensorFlow's C++ chatter quiet
     try:
         args = build_parser().parse_args(argv)

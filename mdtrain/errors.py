@@ -26,14 +26,6 @@ class UsageError(ValueError):
 
 
 def bad_value(argument: str, value, problem: str) -> UsageError:
-    """A `UsageError` about one argument: `argument=value: problem`.
-
-    Example:
-
-    >>> str(bad_value("dropout", 1.0, "must be in [0, 1)"))
-    'dropout=1.0: must be in [0, 1)'
-    >>> bad_value("dropout", 1.0, "must be in [0, 1)").as_option()
-    '--dropout 1.0: must be in [0, 1)'
-    """
+    """A `UsageError` about one argument: `argument=value: problem`."""
     return UsageError(f"{argument}={value}: {problem}", argument=argument, value=value,
                       problem=problem)  # fmt: skip

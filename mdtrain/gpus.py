@@ -2,13 +2,7 @@
 
 Without it every worker of `mdtrain launch` would see every GPU: on Kaggle's
 2×T4, 2 workers would each build 2 replicas on the same 2 GPUs. The GPUs are
-counted without TensorFlow (which must not start in the launcher): the
-launcher's own `CUDA_VISIBLE_DEVICES` when set, else NVML (the driver's
-library, which `nvidia-smi` reads too), else none. `worker_devices` is the
-choice a notebook makes for N local workers on whatever machine it runs: each
-worker its share of the GPUs, or, with fewer GPUs than workers, every worker
-on the CPU; `mdtrain launch` sets the same, unless `--gpus-per-worker` asks
-for another.
+counted without TensorFlow, which must not start in the launcher.
 """
 
 from __future__ import annotations
@@ -21,45 +15,25 @@ from mdtrain.errors import UsageError
 
 
 def visible_gpus(env: Mapping[str, str] | None = None) -> list[str]:
-    """Lists the GPUs a process started with `env` would see, without TensorFlow.
-
-    Args:
-        env: The environment to read `CUDA_VISIBLE_DEVICES` from.
-            Defaults to `None`, this process's.
-
-    Returns:
-        The device ids as CUDA takes them in `CUDA_VISIBLE_DEVICES`: the
-        entries of `env`'s `CUDA_VISIBLE_DEVICES` when it is set (indices or
-        UUIDs, up to the first invalid one, as CUDA reads it), else `"0"`,
-        `"1"`, ... for each GPU that NVML reports; `[]` on a machine without
-        NVIDIA GPUs or driver.
-
-    Example:
-        >>> visible_gpus({"CUDA_VISIBLE_DEVICES": "2,3"})
-        ['2', '3']
-    """
+    """The GPUs a process started with `env` would see: its `CUDA_VISIBLE_DEVICES`, else NVML's."""
     spec = (os.environ if env is None else env).get("CUDA_VISIBLE_DEVICES")
     if spec is None:
-        return [str(i) for i in range(_count_with_nvml())]
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            try:
+                return [str(i) for i in range(pynvml.nvmlDeviceGetCount())]  # not MIG slices
+            finally:
+                pynvml.nvmlShutdown()
+        except Exception:  # no nvidia-ml-py, no driver, no GPU: all mean none to hand out
+            return []
     ids = []
     for item in (s.strip() for s in spec.split(",")):
         if not item or item.startswith("-"):
             break  # CUDA stops at the first invalid entry; "-1" hides every GPU
         ids.append(item)
     return ids
-
-
-def _count_with_nvml() -> int:
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        try:
-            return int(pynvml.nvmlDeviceGetCount())  # whole GPUs, not MIG slices
-        finally:
-            pynvml.nvmlShutdown()
-    except Exception:  # no nvidia-ml-py, no driver, no GPU: all mean none to hand out
-        return 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,15 +83,14 @@ def worker_devices(
     With at least one GPU per worker, each worker gets `len(gpus) // num_workers`
     of them (Kaggle's 2×T4, 2 workers: one T4 each). With fewer GPUs than
     workers (Colab's one GPU, 2 workers) every worker runs on the CPU, rather
-    than two processes fighting over one GPU's memory; and without a GPU they
-    run on the CPU anyway. Pass `gpus_per_worker` and
-    `cuda_visible_devices` on to every run that is to be compared, so that
-    like is compared with like. `mdtrain launch` makes the same choice, unless
-    `--gpus-per-worker` asks for another.
+    than two processes fighting over one GPU's memory. Pass `gpus_per_worker`
+    and `cuda_visible_devices` on to every run that is to be compared, so that
+    like is compared with like. `mdtrain launch` makes the same choice.
 
     Args:
         num_workers: How many workers. Must be at least 1.
-        gpus: The GPUs to share out. Defaults to `None`: `visible_gpus()`.
+        gpus: The GPUs to share out. Defaults to `None`: those this process
+            sees (its `CUDA_VISIBLE_DEVICES`, else those NVML counts).
         gpus_per_worker: GPUs of each worker, K: worker `i` gets
             `gpus[i*K:(i+1)*K]`, GPUs left over are not used; `0` puts every
             worker on the CPU. Defaults to `None`: the choice above.

@@ -4,10 +4,8 @@ While its libraries load, TensorFlow (2.19 to at least 2.21) writes absl's
 "All log messages before absl::InitializeLog() ..." and an INFO line "oneDNN
 custom operations are on" straight to the stderr file descriptor, before it
 reads `TF_CPP_MIN_LOG_LEVEL` (tensorflow/tensorflow#100442). A command whose
-promise is "one line on standard error" for bad input cannot let them through.
-Decoding a bad JPEG, libjpeg also prints "Improper call to JPEG library in
-state 201" or, through absl, "jpeg_mem.cc:331] Premature end of JPEG data"
-there, beside the error TensorFlow raises, which mdtrain reports.
+promise is "one line on standard error" for bad input cannot let them through;
+nor libjpeg's own messages about a bad file, beside the error mdtrain reports.
 """
 
 from __future__ import annotations
@@ -38,11 +36,7 @@ LIBJPEG_NOISE = re.compile(
 def stderr_without(noise: re.Pattern) -> Iterator[None]:
     """Captures file descriptor 2 for the body; then passes on every line `noise` does not match.
 
-    C and C++ libraries write there directly, past `sys.stderr`. What the body
-    writes appears only when it ends, in its order.
-
-    Args:
-        noise: lines to drop.
+    C and C++ libraries write there directly, past `sys.stderr`.
     """
     sys.stderr.flush()
     saved_fd = os.dup(2)
@@ -62,15 +56,7 @@ def stderr_without(noise: re.Pattern) -> Iterator[None]:
 
 
 def import_tensorflow() -> None:
-    """Imports TensorFlow once, dropping its start-up INFO lines from stderr.
-
-    Everything else TensorFlow writes while loading (warnings, errors) is
-    passed on. Does nothing if TensorFlow is imported already, or if
-    `TF_CPP_MIN_LOG_LEVEL` is unset or 0 (the user asked for every message).
-
-    Raises:
-        ModuleNotFoundError: if TensorFlow is not installed.
-    """
+    """Imports TensorFlow, dropping its start-up INFO lines when `TF_CPP_MIN_LOG_LEVEL` >= 1."""
     if "tensorflow" in sys.modules:
         return
     try:

@@ -1,17 +1,251 @@
-"""`mdtrain train` as a local job, the CLI's `mdtrain launch`: multi-worker or parameter-server.
-
-A parameter-server job has the roles `ps`, `worker` and `chief`, and ends with the chief.
-"""
+"""The jobs of `mdtrain launch`: N multi-worker workers, restarted together, or a ps cluster."""
 
 from __future__ import annotations
 
+import contextlib
+import glob
 import json
+import os
+import signal
+import socket
 import sys
+import threading
 import time
+from typing import TextIO
 
-from mdtrain.errors import UsageError
-from mdtrain.launcher.processes import HANG_EXIT_CODE, POLL_S, Job, exit_status
-from mdtrain.launcher.workers import free_addresses, run_workers
+from mdtrain.errors import USAGE_EXIT_CODE, UsageError
+from mdtrain.launcher.processes import HANG_EXIT_CODE, HANG_TIMEOUT_S, POLL_S, Job, exit_status
+
+
+def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
+    """Returns `n` distinct TCP ports that are free on `host` right now.
+
+    The sockets are held open together, so the ports are distinct, then closed
+    for the workers to bind; a port taken in between fails one attempt, and a
+    restart takes fresh ports.
+
+    Args:
+        n: How many ports to return.
+        host: The address to bind. Defaults to `"127.0.0.1"`.
+
+    Returns:
+        A list of `n` distinct port numbers.
+
+    Example:
+        >>> len(set(free_ports(3)))
+        3
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with contextlib.ExitStack() as held:  # every socket closes on the way out
+        sockets = [held.enter_context(socket.socket(family)) for _ in range(n)]
+        for sock in sockets:
+            sock.bind((host, 0))
+        return [sock.getsockname()[1] for sock in sockets]
+
+
+def tf_config(worker_addresses: list[str], index: int) -> dict:
+    """Builds the `TF_CONFIG` dictionary of one worker.
+
+    Worker 0 is the chief: MultiWorkerMirroredStrategy makes it the one that
+    saves checkpoints and writes summaries.
+
+    Args:
+        worker_addresses: `"host:port"` of every worker, in index order.
+        index: The index of the worker this config is for.
+
+    Returns:
+        `{"cluster": {"worker": [...]}, "task": {"type": "worker", "index": index}}`,
+        for `json.dumps` into the `TF_CONFIG` environment variable.
+
+    Raises:
+        UsageError: If `index` is not a valid position in `worker_addresses`.
+
+    Example:
+        >>> tf_config(["127.0.0.1:2222", "127.0.0.1:2223"], 1)["task"]
+        {'type': 'worker', 'index': 1}
+    """
+    if not 0 <= index < len(worker_addresses):
+        raise UsageError(f"no task worker {index} in the cluster {{'worker': {worker_addresses}}}")
+    return {
+        "cluster": {"worker": list(worker_addresses)},
+        "task": {"type": "worker", "index": index},
+    }
+
+
+def free_addresses(n: int, host: str) -> list[str]:
+    """`n` free `host:port` addresses, with an IPv6 host in brackets (`[::1]:2222`)."""
+    return [f"[{host}]:{p}" if ":" in host else f"{host}:{p}" for p in free_ports(n, host)]
+
+
+def run_workers(
+    command: list[str],
+    num_workers: int,
+    *,
+    restarts: int = 0,
+    host: str = "127.0.0.1",
+    log_dir: str | os.PathLike | None = None,
+    hang_timeout_s: float | None = HANG_TIMEOUT_S,
+    env: dict[str, str] | None = None,
+    stream: TextIO | None = None,
+    gpus_per_worker: int | None = None,
+) -> int:
+    """Runs `command` as `num_workers` cooperating workers and waits for them.
+
+    Each worker gets a free port on `host`, its own `TF_CONFIG` (worker 0 is the
+    chief), `MDTRAIN_WORKER_INDEX` and `MDTRAIN_ATTEMPT` (1, 2, ...). Output lines
+    go to `stream` as `[worker i] ...` and are appended to `log_dir/worker-i.log`
+    under a `=== attempt k ===` header. A worker that exits non-zero stops the
+    others; while restarts are left all start again on fresh ports, and resuming
+    is the command's job (`--backup-dir`). Keep `host` on loopback or a trusted
+    network (`mdtrain.launcher`, "Security").
+
+    Args:
+        command: The program and its arguments that every worker runs.
+        num_workers: How many workers to start. Must be at least 1.
+        restarts: How many times to restart all workers after one fails.
+            Defaults to `0`.
+        host: The address workers bind and reach each other on.
+            Defaults to `"127.0.0.1"`.
+        log_dir: Where per-worker logs go. Defaults to `None`, a fresh
+            temporary folder whose path is printed at the start.
+        hang_timeout_s: Seconds after which workers count as stuck, when one
+            has finished and others have not, or none has printed anything.
+            `None` disables the check. Defaults to `300.0`.
+        env: Environment for the workers. Defaults to `None`, this process's.
+        stream: Where prefixed output and launcher messages go.
+            Defaults to `None`, the `sys.stdout` of the moment (a notebook's too).
+        gpus_per_worker: GPUs for each worker, set in its `CUDA_VISIBLE_DEVICES`
+            (`worker_devices`); `0` runs the workers on the CPU, and so
+            does `None` with fewer GPUs than workers (one line says so).
+            Defaults to `None`: the visible GPUs split evenly, none on a CPU machine.
+
+    Returns:
+        The job's exit status, as `mdtrain.launcher`'s table of exit codes gives it.
+
+    Raises:
+        UsageError: If `command` is empty or cannot be started, `num_workers < 1`,
+            `restarts < 0`, `hang_timeout_s <= 0`, or too few GPUs.
+
+    Example:
+        >>> run_workers([sys.executable, "train.py"], 2, restarts=1)  # doctest: +SKIP
+    """
+    if not command:
+        raise UsageError("empty worker command; pass the program to run, e.g. ['python', 'x.py']")
+    if restarts < 0:
+        raise UsageError(f"--restarts {restarts}: pass 0 or more restarts")
+    job = Job(num_workers, f"{num_workers} workers", host=host, log_dir=log_dir, env=env,
+              hang_timeout_s=hang_timeout_s, stream=stream,
+              gpus_per_worker=gpus_per_worker)  # fmt: skip
+    if job.gpus is not None:
+        shares = (f"worker {i}: {g or '(none)'}" for i, g in enumerate(job.gpus))
+        job.say("CUDA_VISIBLE_DEVICES " + "; ".join(shares))
+    if hang_timeout_s is not None:  # the chief's training shows life at least this often
+        job.env["MDTRAIN_HEARTBEAT_S"] = f"{hang_timeout_s / 4:g}"  # mdtrain.heartbeat
+
+    def attempts() -> int:
+        attempt, status = 0, None
+        while status is None:  # None: restart; the last attempt always has a status
+            attempt += 1
+            addresses = free_addresses(num_workers, host)  # fresh ones for every attempt
+            job.say(f"attempt {attempt}: " + " ".join(addresses))
+            job.new_attempt()
+            header = f"=== attempt {attempt} ({time.strftime('%Y-%m-%d %H:%M:%S')}) ===\n"
+            for i in range(num_workers):
+                worker_env = dict(job.env, TF_CONFIG=json.dumps(tf_config(addresses, i)))
+                worker_env.update(MDTRAIN_WORKER_INDEX=str(i), MDTRAIN_ATTEMPT=str(attempt))
+                if job.gpus is not None:  # this worker's own GPUs
+                    worker_env["CUDA_VISIBLE_DEVICES"] = job.gpus[i]
+                job.spawn(command, worker_env, f"worker {i}", header)
+            job.start_pumps()
+            status = _watch(job, attempt, restarts)
+            job.join()
+        return status
+
+    return job.run(attempts, noun="workers")
+
+
+def _watch(job: Job, attempt: int, restarts: int) -> int | None:
+    """Waits for one attempt; returns its exit status, or None to restart."""
+    procs, first_done = job.procs, None
+    limit = float("inf") if job.hang_timeout_s is None else job.hang_timeout_s
+    while True:
+        codes = [p.poll() for p in procs]
+        failed = [(i, c) for i, c in enumerate(codes) if c not in (None, 0)]
+        # Once the chief has finished cleanly the job's result is saved: later failures are noise.
+        if failed and codes[0] != 0:
+            return _after_failure(job, failed, attempt, restarts)
+        running = [i for i, c in enumerate(codes) if c is None]
+        if not running:
+            if failed:
+                index, code = failed[0]
+                job.say(f"worker {index} exited with code {code} after the chief finished")
+            return exit_status(codes[0])
+        now = time.monotonic()
+        if first_done is None and len(running) < len(procs):
+            first_done = now
+        if first_done is not None and now - first_done > limit:
+            why = f"worker {codes.index(0)} finished {now - first_done:.0f}s ago"
+        elif now - job.last_output > limit:
+            why = f"no output for {now - job.last_output:.0f}s"
+        else:
+            time.sleep(POLL_S)
+            continue
+        stuck = ", ".join(map(str, running))
+        job.say(
+            f"workers {stuck} appear stuck (probably waiting in a collective for a worker "
+            f"that is gone): {why}; stopping all; exit code {HANG_EXIT_CODE}"
+        )
+        job.stop()
+        return HANG_EXIT_CODE
+
+
+def _after_failure(job: Job, failed, attempt: int, restarts: int) -> int | None:
+    """Stops the workers after `failed`; returns the exit status, or None to restart."""
+    # Exit code 2 is a usage error (argparse, mdtrain's CLI): a restart would repeat it.
+    usage = any(c == USAGE_EXIT_CODE for _, c in failed)
+    left = attempt <= restarts and not usage
+    plan = f"restart {attempt} of {restarts}" if left else "no restarts left"
+    plan = "bad input, not restarting" if usage and attempt <= restarts else plan
+    what = ", ".join(f"worker {i} exited with code {c}" for i, c in failed)
+    job.say(f"{what}; stopping the others; {plan}")
+    job.stop()
+    # The chief's own failure if it failed, else the worker's: not our SIGTERM to the chief.
+    return None if left else exit_status(failed[0][1])
+
+
+def kill_worker_when(
+    pattern: str | os.PathLike, index: int, timeout_s: float = 600.0
+) -> threading.Thread:
+    """Kills worker `index` with SIGKILL once a file matching `pattern` exists (a fault drill).
+
+    For demonstrating and testing `--restarts` with `--backup-dir`: call it just
+    before `launch` or `run_workers` in the same process, with e.g.
+    `"backup/ckpt-*"`, so a worker dies right after the first backup.
+
+    Args:
+        pattern: a glob pattern, absolute or relative to the current folder.
+        index: the worker to kill (its `MDTRAIN_WORKER_INDEX`).
+        timeout_s: give up after this many seconds. Defaults to `600.0`.
+
+    Returns:
+        The watching daemon thread.
+    """
+    import psutil
+
+    def watch() -> None:
+        deadline = time.monotonic() + timeout_s
+        while not glob.glob(str(pattern)):
+            if time.monotonic() > deadline:
+                return  # the drill never came: a later job's worker must not pay for it
+            time.sleep(POLL_S)
+        for child in psutil.Process().children():
+            with contextlib.suppress(psutil.Error):  # a child that is gone, or not ours to read
+                if child.environ().get("MDTRAIN_WORKER_INDEX") == str(index):
+                    child.send_signal(signal.SIGKILL)
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread
 
 
 def _without_strategy(train_args: list[str], wanted: str, why: str) -> list[str]:
@@ -38,14 +272,12 @@ def launch(
 ) -> int:
     """Runs `mdtrain train` as a local job of `num_workers` workers.
 
-    The CLI's `mdtrain launch --workers N [--ps M] [--restarts R] -- <train
-    arguments>`. Without parameter servers every worker runs `mdtrain train
-    --strategy multiworker` (`run_workers`); with restarts, pass `--backup-dir
-    DIR` in `train_args` so a restarted run resumes instead of starting over.
-    With `num_ps` (`--ps M`) it runs parameter-server training instead: the
-    chief runs `python -m mdtrain.ps chief <train arguments>`, every ps and
-    worker `python -m mdtrain.ps serve`; a worker that dies does not stop the
-    job, a ps that dies does, and the job ends with the chief.
+    The CLI's `mdtrain launch`. Without parameter servers every worker runs
+    `mdtrain train --strategy multiworker` (`run_workers`); with restarts, pass
+    `--backup-dir DIR` in `train_args` so a restarted run resumes instead of
+    starting over. With `num_ps` it runs parameter-server training: a worker
+    that dies does not stop the job, a ps that dies does, and the job ends
+    with the chief.
 
     Args:
         num_workers: How many workers to start. Must be at least 1.
@@ -60,8 +292,7 @@ def launch(
             `log_dir`, `hang_timeout_s`, `env`, `stream`, `gpus_per_worker`).
 
     Returns:
-        The exit status of `run_workers`, or with `num_ps` the chief's (see
-        `mdtrain.launcher` for both).
+        The job's exit status, as `mdtrain.launcher`'s table of exit codes gives it.
 
     Raises:
         UsageError: If `train_args` asks for another strategy, `restarts` comes
@@ -90,21 +321,12 @@ def _run_ps_cluster(
     chief_command: list[str], server_command: list[str], num_workers: int, num_ps: int,
     *, host: str = "127.0.0.1", **options,
 ) -> int:  # fmt: skip
-    """Runs `num_ps` servers, `num_workers` workers and a chief; returns the job's exit status.
-
-    Every task gets `TF_CONFIG` with its role and `MDTRAIN_ROLE`; workers also
-    get `MDTRAIN_WORKER_INDEX` (for `kill_worker_when`). The ps and workers run
-    `server_command` and never end on their own; the job ends with the chief's
-    `chief_command`. A worker that dies does not stop the job (the chief's
-    coordinator runs its steps on the others); a ps that dies does (it held
-    variables). Only workers get GPUs. `options` are `run_workers`'.
-    """
+    """Runs `num_ps` servers, `num_workers` workers and a chief; the job ends with the chief."""
     if num_workers < 1 or num_ps < 1:
         raise UsageError(f"--workers {num_workers} --ps {num_ps}: pass at least 1 of each")
-    job = Job(num_workers, host=host, **options)
+    job = Job(num_workers, f"{num_ps} ps, {num_workers} workers and a chief", host=host, **options)
     chief, *rest = free_addresses(1 + num_workers + num_ps, host)
     cluster = {"chief": [chief], "worker": rest[:num_workers], "ps": rest[num_workers:]}
-    job.announce(f"{num_ps} ps, {num_workers} workers and a chief")
 
     def start_and_watch() -> int:
         roles = [("ps", i) for i in range(num_ps)] + [("worker", i) for i in range(num_workers)]
@@ -112,7 +334,7 @@ def _run_ps_cluster(
             env = dict(job.env, MDTRAIN_ROLE=role, TF_CONFIG=json.dumps(
                 {"cluster": cluster, "task": {"type": role, "index": index}}))  # fmt: skip
             if role == "worker":
-                env["MDTRAIN_WORKER_INDEX"] = str(index)
+                env["MDTRAIN_WORKER_INDEX"] = str(index)  # what kill_worker_when looks for
             if job.gpus is not None:  # workers compute; the ps and the chief hold and schedule
                 env["CUDA_VISIBLE_DEVICES"] = job.gpus[index] if role == "worker" else ""
             command = chief_command if role == "chief" else server_command

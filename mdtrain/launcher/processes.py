@@ -1,10 +1,7 @@
-"""Process groups: start tasks together, pump their output, stop them all.
+"""Process groups: start a job's tasks together, pump their output, stop them all.
 
-Every task runs in its own process group (Ctrl-C is the launcher's to
-forward) and dies with the launcher (Linux's parent-death signal). One thread
-per task copies its output to the task's log file and, prefixed with its
-label, to the job's stream. Ctrl-C and SIGTERM stop every task before the
-launcher returns; so does any error in between.
+Ctrl-C, SIGTERM and any error stop every task before the launcher returns, and
+every task dies with the launcher (Linux's parent-death signal).
 """
 
 from __future__ import annotations
@@ -72,15 +69,12 @@ _RUNTIME_LOG = re.compile(
 
 
 class Job:
-    """One launch: its log folder, stream and environment, each worker's GPUs, and its tasks.
-
-    The tasks are those of the current attempt; `last_output` is when any of
-    them last printed. The options are `run_workers`'.
-    """
+    """One launch of `tasks`: its log folder, stream, environment, each worker's GPUs, its tasks."""
 
     def __init__(
         self,
         num_workers: int,
+        tasks: str,
         *,
         host: str = "127.0.0.1",
         log_dir: str | os.PathLike | None = None,
@@ -95,10 +89,7 @@ class Job:
         chosen = gpus_per_worker is None
         # Each worker's CUDA_VISIBLE_DEVICES; None without GPUs: the launcher's environment.
         self.gpus = None if chosen and not devices.gpus else list(devices.cuda_visible_devices)
-        # Fewer GPUs than workers put every worker on the CPU: one line says so.
-        on_cpu = chosen and devices.gpus and not devices.gpus_per_worker
-        self.note = devices.describe() if on_cpu else None
-        self.host, self.hang_timeout_s = host, hang_timeout_s
+        self.hang_timeout_s = hang_timeout_s
         self.env = dict(os.environ if env is None else env)
         # After the checks: a usage error leaves no log folder behind.
         self.log_dir = Path(tempfile.mkdtemp(prefix="mdtrain-") if log_dir is None else log_dir)
@@ -106,6 +97,9 @@ class Job:
         self.stream = sys.stdout if stream is None else stream  # a notebook's, if it is one
         self.lock = threading.Lock()
         self.new_attempt()
+        self.say(f"{tasks} on {host}; logs in {self.log_dir}")
+        if chosen and devices.gpus and not devices.gpus_per_worker:
+            self.say(devices.describe())  # fewer GPUs than workers put every worker on the CPU
 
     def new_attempt(self) -> None:
         """Forgets the tasks of the last attempt, which were stopped; the next ones start fresh."""
@@ -115,12 +109,6 @@ class Job:
         self._logs: list[TextIO] = []
         self._threads: list[threading.Thread] = []
         self._preexec = child_setup()
-
-    def announce(self, tasks: str) -> None:
-        """The job's first lines: its tasks, host and log folder; then where the workers run."""
-        self.say(f"{tasks} on {self.host}; logs in {self.log_dir}")
-        if self.note:
-            self.say(self.note)
 
     def spawn(self, command: list[str], env: dict[str, str], label: str, header: str = "") -> None:
         """Starts `command` as the task `label`, its log file opened with `header` first."""
@@ -193,9 +181,8 @@ class Job:
     def write(self, label: str, line: str) -> None:
         """Writes `[label] line` to the job's stream, one whole line at a time.
 
-        A stream that fails never stops the job (the log files keep every
-        line): a character it cannot encode is escaped; once its reader is
-        gone (`mdtrain launch ... | head`), it is written to no more.
+        A stream that fails never stops the job (the logs keep every line): a character it
+        cannot encode is escaped; once its reader is gone (`... | head`), it gets no more.
         """
         text = f"[{label}] {line}\n"
         with self.lock:
@@ -215,10 +202,7 @@ class Job:
         self.write("launch", message)
 
     def run(self, body: Callable[[], int], noun: str | None = None) -> int:
-        """Returns `body()`, or 130 on Ctrl-C and 143 on SIGTERM after stopping the tasks.
-
-        With `noun` ("workers") it says what it stops.
-        """
+        """Returns `body()`, or 130 on Ctrl-C and 143 on SIGTERM after stopping the tasks."""
         # SIGTERM (from kill, Slurm, docker stop) must stop the tasks too, not just end us:
         # its handler raises SystemExit in the main thread, the only one that may set it.
         main = threading.current_thread() is threading.main_thread()

@@ -1,11 +1,8 @@
 """Parameter-server training's loop on the chief: the coordinator's asynchronous steps.
 
-`mdtrain.training.train` sets the run up as under every other strategy (data,
-model, exact trainer, schedule, monitor, outputs); only the loop differs:
-`coordinator_fit` here instead of `fit` or `custom_fit`. Keras' own `fit`
-cannot run under parameter servers: Keras 3 does not support them
-(keras-team/keras#18624), and `fit` fails asking for
-`create_per_worker_dataset`.
+`mdtrain.training.train` runs it instead of `fit` or `custom_fit`: Keras 3's
+`fit` does not support parameter servers (keras-team/keras#18624) and fails
+asking for `create_per_worker_dataset`.
 """
 
 from __future__ import annotations
@@ -35,46 +32,8 @@ def coordinator_fit(
 ) -> tuple[keras.callbacks.History, dict]:
     """Trains with a `ClusterCoordinator`'s asynchronous steps: `custom_fit`'s counterpart.
 
-    Each step is `trainer.train_step_sums` on the next batch of the worker
-    that runs it: the exact step, returning its own loss and accuracy sums.
-    Every `log_every` steps, and at each epoch's end, the coordinator waits
-    for the steps it scheduled (`join`) and adds up their sums: one point of
-    the loss curve, exact for the steps it covers. (Keras metrics would live
-    on the parameter servers, where two workers' read-modify-write updates
-    can interleave and one be lost.) An epoch is `steps_per_epoch` steps of
-    all the workers together; after each, the chief evaluates `val_ds` with
-    the trainer's `test_step`. Keras callbacks see epochs as under `fit`,
-    and a batch end per point of the curve.
-
-    Args:
-        trainer: a compiled `mdtrain.loop.ExactTrainer`, created in `strategy.scope()`.
-        strategy: a `ParameterServerStrategy`.
-        dataset_fn: a function returning a repeated dataset of `(images,
-            labels)`, or of `(images, labels, transforms)` for a trainer that
-            augments in its step; every worker builds its own from it
-            (`worker_dataset_fn`).
-        epochs: index of the epoch to stop before.
-        steps_per_epoch: steps in one epoch, over all workers.
-        val_ds: validation batches, evaluated on the chief. Defaults to None.
-        initial_epoch: first epoch to run. Defaults to 0.
-        callbacks: Keras callbacks. Defaults to None.
-        verbose: 0 silent, 1 progress bar, 2 one line per epoch. Defaults to 2.
-        log_every: steps per point of the curve. Defaults to 10.
-        learning_rate: called as `learning_rate(completed_steps)` before each
-            point's steps, the rate they run at (the optimizer must have been
-            built with a float rate); None leaves the optimizer's own.
-            Defaults to None.
-
-    Returns:
-        `(history, log)`: the `History` callback (per epoch: `loss`,
-        `accuracy`, and `val_loss`, `val_accuracy` with `val_ds`); the loss
-        curve, per point: `steps` (done by its end), `loss` and `accuracy`
-        (the mean of its steps), `seconds` (since the first step was
-        scheduled), `learning_rate` (when set); in all: `scheduled`,
-        `completed` and `examples` (trained on).
-
-    Raises:
-        ValueError: if `log_every` is below 1.
+    Keras metrics would live on the parameter servers, where two workers' updates can
+    interleave and one be lost: each step returns its own sums, which the chief adds up.
     """
     if log_every < 1:
         raise ValueError(f"log_every must be at least 1, not {log_every}")
@@ -146,8 +105,7 @@ def _means(sums) -> dict[str, float]:
 def _evaluate(trainer, val_ds, cbs) -> dict[str, float]:
     """`val_loss` and `val_accuracy`, on the chief: Keras' `evaluate` cannot run here.
 
-    The chief alone updates the metrics (on the parameter servers), so no
-    update races; the weights are read from the servers.
+    The chief alone updates the metrics (on the parameter servers), so no update races.
     """
     trainer.reset_metrics()
     cbs.on_test_begin()
@@ -165,16 +123,7 @@ def cluster_size() -> dict[str, int]:
 
 
 def worker_dataset_fn(config, splits, global_batch_size: int):
-    """The function every worker builds its batches with: the run's `InputData`, its own seed.
-
-    Args:
-        config: the run's `TrainConfig`.
-        splits: its images (`mdtrain.data.Splits`).
-        global_batch_size: images per step (one worker takes a whole step).
-
-    Returns:
-        A function returning the run's epochs, repeated.
-    """
+    """The function every worker builds its batches with: the run's `InputData`, its own seed."""
     from mdtrain.training import input_data_for
 
     def dataset_fn():
