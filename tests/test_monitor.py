@@ -14,9 +14,9 @@ import pytest
 
 from mdtrain.monitor import DeviceSample, Sample, Sampler, verdict
 from mdtrain.monitor import sampler as sampler_module
-from mdtrain.monitor.callback import ThroughputMeter, resolve_display
 from mdtrain.monitor.sampler import NvmlReader
-from mdtrain.monitor.summary import Rates, summarize
+from mdtrain.monitor.summary import Rates, resolve_display, summarize
+from mdtrain.monitor.throughput import ThroughputMeter
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -288,6 +288,8 @@ def test_import_is_tensorflow_free():
         "import sys, mdtrain.monitor as m\n"
         "s = m.Sampler(0.05); s.start(); s.stop(); s.close()\n"
         "m.verdict(0.1, 50.0)\n"
+        "from mdtrain.monitor.summary import resolve_display; resolve_display('auto')\n"
+        "from mdtrain.monitor.throughput import ThroughputMeter; ThroughputMeter(8).batch_end(0)\n"
         "bad = sorted(k for k in sys.modules if k.split('.')[0] in ('tensorflow', 'keras'))\n"
         "print(bad)\n"
     )

@@ -1,4 +1,4 @@
-"""The Keras callback, its step meter and where it shows: throughput, samples, live view, summary.
+"""The Keras callback: throughput, samples, live view and summary of a training run.
 
 This is the only monitor module that imports Keras; ``mdtrain.monitor``
 exposes it lazily so the samplers stay importable without TensorFlow.
@@ -6,150 +6,21 @@ exposes it lazily so the samplers stay importable without TensorFlow.
 
 from __future__ import annotations
 
-import collections
 import contextlib
-import importlib.util
-import os
 import sys
-import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
 
 import keras
 
-from mdtrain.choices import MONITOR_DISPLAYS
 from mdtrain.monitor.sampler import Sampler
-from mdtrain.monitor.summary import Rates, Summary, epoch_line, summarize
-
-
-@dataclass
-class _Totals:
-    """Figures summed over some steps, for `Rates`."""
-
-    steps: int = 0
-    images: int = 0
-    seconds: float = 0.0
-    wait_s: float = 0.0
-    wait_seconds: float = 0.0  # step time of the steps that reported a wait
-
-    def add(self, steps: int, images: int, seconds: float, wait_s: float | None) -> None:
-        self.steps += steps
-        self.images += images
-        self.seconds += seconds
-        if wait_s is not None:
-            self.wait_s += min(wait_s, seconds)
-            self.wait_seconds += seconds
-
-    def rates(self) -> Rates:
-        s = self.seconds
-        return Rates(
-            steps=self.steps,
-            images=self.images,
-            seconds=s,
-            images_per_sec=self.images / s if s > 0 else None,
-            step_time_s=s / self.steps if self.steps else None,
-            input_wait_share=self.wait_s / self.wait_seconds if self.wait_seconds > 0 else None,
-        )
-
-
-class ThroughputMeter:
-    """Step time, images/sec and input-wait share from batch hooks; a live view may read it.
-
-    A step runs from the previous step's end, so it holds the input wait whatever order a loop
-    fetches and calls hooks in; the first ``warmup_steps`` (tracing, compiling) count in no rate.
-    """
-
-    def __init__(
-        self,
-        global_batch_size: int,
-        *,
-        warmup_steps: int = 1,
-        clock: Callable[[], float] = time.perf_counter,
-    ) -> None:
-        if global_batch_size < 1:
-            raise ValueError(f"global_batch_size must be >= 1, got {global_batch_size}")
-        self.global_batch_size = int(global_batch_size)
-        self.warmup_steps = int(warmup_steps)
-        self._clock = clock
-        self._lock = threading.Lock()
-        # The last 20 `batch_end` calls: the "current" rate a live view shows.
-        self._recent: collections.deque[tuple] = collections.deque(maxlen=20)
-        self._train = _Totals()
-        self._seen = 0  # steps since training began, warm-up included
-        self.epoch_begin()
-
-    def epoch_begin(self) -> None:
-        """Starts a new epoch's counts; gaps between epochs are not step time."""
-        with self._lock:
-            self._epoch = _Totals()
-            self._last_end = self._clock()
-            self._last_batch = -1
-            self.epoch_step = 0  # steps finished in the current epoch
-
-    def batch_end(
-        self, batch: int, batch_size: int | None = None, input_wait_s: float | None = None
-    ) -> None:
-        """Records the steps up to Keras's ``batch`` index: several with ``steps_per_execution``."""
-        now = self._clock()
-        with self._lock:
-            steps = max(1, batch - self._last_batch)
-            self._last_batch = batch
-            seconds, self._last_end = max(0.0, now - self._last_end), now
-            images = int(batch_size) if batch_size is not None else self.global_batch_size * steps
-            wait = float(input_wait_s) if input_wait_s is not None else None
-            self._seen += steps
-            self.epoch_step += steps
-            if self._seen <= self.warmup_steps:
-                return
-            self._train.add(steps, images, seconds, wait)
-            self._epoch.add(steps, images, seconds, wait)
-            self._recent.append((steps, images, seconds, wait))
-
-    def train_rates(self) -> Rates:
-        """Rates over all of training (warm-up excluded)."""
-        with self._lock:
-            return self._train.rates()
-
-    def epoch_rates(self) -> Rates:
-        """Rates over the current (or just finished) epoch."""
-        with self._lock:
-            return self._epoch.rates()
-
-    def current_rates(self) -> Rates:
-        """Rates over the last 20 `batch_end` calls: what a live view shows."""
-        with self._lock:
-            recent = list(self._recent)
-        totals = _Totals()
-        for row in recent:
-            totals.add(*row)
-        return totals.rates()
-
-
-def in_notebook_kernel() -> bool:
-    """Whether this code runs inside an IPython kernel (Jupyter, Colab, Kaggle), not a terminal."""
-    if "IPython" not in sys.modules:  # never import IPython just to ask
-        return False
-    try:
-        shell = sys.modules["IPython"].get_ipython()
-    except Exception:
-        return False
-    return shell is not None and getattr(shell, "kernel", None) is not None
-
-
-def resolve_display(display: str = "auto") -> str:
-    """Turns ``display`` into ``"widget"``, ``"text"`` or ``"none"``.
-
-    ``"auto"`` picks the widget inside a notebook kernel that has ipywidgets,
-    unless ``MDTRAIN_SMOKE=1`` (CI logs want text); text otherwise.
-    """
-    if display not in MONITOR_DISPLAYS:
-        raise ValueError(f"display must be one of {', '.join(MONITOR_DISPLAYS)}; got {display!r}")
-    if display != "auto":
-        return display
-    smoke = os.environ.get("MDTRAIN_SMOKE", "") not in ("", "0")
-    has_widgets = importlib.util.find_spec("ipywidgets") is not None
-    return "widget" if in_notebook_kernel() and has_widgets and not smoke else "text"
+from mdtrain.monitor.summary import (
+    Summary,
+    epoch_line,
+    in_notebook_kernel,
+    resolve_display,
+    summarize,
+)
+from mdtrain.monitor.throughput import ThroughputMeter
 
 
 class MonitorCallback(keras.callbacks.Callback):

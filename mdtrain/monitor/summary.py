@@ -1,4 +1,4 @@
-"""The monitor's report: the verdict, the summary and its words.
+"""The monitor's report: the verdict, the summary and its words, and where they show.
 
 The text fallback (terminals, CI, smoke runs), the summary and the dashboard
 all format their figures here, so a figure reads the same in each.
@@ -6,9 +6,13 @@ all format their figures here, so a figure reads the same in each.
 
 from __future__ import annotations
 
+import importlib.util
+import os
+import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 
+from mdtrain.choices import MONITOR_DISPLAYS
 from mdtrain.monitor.sampler import DeviceSample, Sample
 
 
@@ -231,3 +235,29 @@ def memory_text(used: int | None, total: int | None) -> str | None:
 def count(n: int, total: int | None) -> str:
     """``"2/5"``, or ``"2"`` when the total is unknown."""
     return f"{n}/{total}" if total else f"{n}"
+
+
+def in_notebook_kernel() -> bool:
+    """Whether this code runs inside an IPython kernel (Jupyter, Colab, Kaggle), not a terminal."""
+    if "IPython" not in sys.modules:  # never import IPython just to ask
+        return False
+    try:
+        shell = sys.modules["IPython"].get_ipython()
+    except Exception:
+        return False
+    return shell is not None and getattr(shell, "kernel", None) is not None
+
+
+def resolve_display(display: str = "auto") -> str:
+    """Turns ``display`` into ``"widget"``, ``"text"`` or ``"none"``.
+
+    ``"auto"`` picks the widget inside a notebook kernel that has ipywidgets,
+    unless ``MDTRAIN_SMOKE=1`` (CI logs want text); text otherwise.
+    """
+    if display not in MONITOR_DISPLAYS:
+        raise ValueError(f"display must be one of {', '.join(MONITOR_DISPLAYS)}; got {display!r}")
+    if display != "auto":
+        return display
+    smoke = os.environ.get("MDTRAIN_SMOKE", "") not in ("", "0")
+    has_widgets = importlib.util.find_spec("ipywidgets") is not None
+    return "widget" if in_notebook_kernel() and has_widgets and not smoke else "text"

@@ -1,0 +1,114 @@
+"""Step time, images/sec and input-wait share, counted from batch hooks (no Keras here)."""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from mdtrain.monitor.summary import Rates
+
+
+@dataclass
+class _Totals:
+    """Figures summed over some steps, for `Rates`."""
+
+    steps: int = 0
+    images: int = 0
+    seconds: float = 0.0
+    wait_s: float = 0.0
+    wait_seconds: float = 0.0  # step time of the steps that reported a wait
+
+    def add(self, steps: int, images: int, seconds: float, wait_s: float | None) -> None:
+        self.steps += steps
+        self.images += images
+        self.seconds += seconds
+        if wait_s is not None:
+            self.wait_s += min(wait_s, seconds)
+            self.wait_seconds += seconds
+
+    def rates(self) -> Rates:
+        s = self.seconds
+        return Rates(
+            steps=self.steps,
+            images=self.images,
+            seconds=s,
+            images_per_sec=self.images / s if s > 0 else None,
+            step_time_s=s / self.steps if self.steps else None,
+            input_wait_share=self.wait_s / self.wait_seconds if self.wait_seconds > 0 else None,
+        )
+
+
+class ThroughputMeter:
+    """Step time, images/sec and input-wait share from batch hooks; a live view may read it.
+
+    A step runs from the previous step's end, so it holds the input wait whatever order a loop
+    fetches and calls hooks in; the first ``warmup_steps`` (tracing, compiling) count in no rate.
+    """
+
+    def __init__(
+        self,
+        global_batch_size: int,
+        *,
+        warmup_steps: int = 1,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        if global_batch_size < 1:
+            raise ValueError(f"global_batch_size must be >= 1, got {global_batch_size}")
+        self.global_batch_size = int(global_batch_size)
+        self.warmup_steps = int(warmup_steps)
+        self._clock = clock
+        self._lock = threading.Lock()
+        # The last 20 `batch_end` calls: the "current" rate a live view shows.
+        self._recent: collections.deque[tuple] = collections.deque(maxlen=20)
+        self._train = _Totals()
+        self._seen = 0  # steps since training began, warm-up included
+        self.epoch_begin()
+
+    def epoch_begin(self) -> None:
+        """Starts a new epoch's counts; gaps between epochs are not step time."""
+        with self._lock:
+            self._epoch = _Totals()
+            self._last_end = self._clock()
+            self._last_batch = -1
+            self.epoch_step = 0  # steps finished in the current epoch
+
+    def batch_end(
+        self, batch: int, batch_size: int | None = None, input_wait_s: float | None = None
+    ) -> None:
+        """Records the steps up to Keras's ``batch`` index: several with ``steps_per_execution``."""
+        now = self._clock()
+        with self._lock:
+            steps = max(1, batch - self._last_batch)
+            self._last_batch = batch
+            seconds, self._last_end = max(0.0, now - self._last_end), now
+            images = int(batch_size) if batch_size is not None else self.global_batch_size * steps
+            wait = float(input_wait_s) if input_wait_s is not None else None
+            self._seen += steps
+            self.epoch_step += steps
+            if self._seen <= self.warmup_steps:
+                return
+            self._train.add(steps, images, seconds, wait)
+            self._epoch.add(steps, images, seconds, wait)
+            self._recent.append((steps, images, seconds, wait))
+
+    def train_rates(self) -> Rates:
+        """Rates over all of training (warm-up excluded)."""
+        with self._lock:
+            return self._train.rates()
+
+    def epoch_rates(self) -> Rates:
+        """Rates over the current (or just finished) epoch."""
+        with self._lock:
+            return self._epoch.rates()
+
+    def current_rates(self) -> Rates:
+        """Rates over the last 20 `batch_end` calls: what a live view shows."""
+        with self._lock:
+            recent = list(self._recent)
+        totals = _Totals()
+        for row in recent:
+            totals.add(*row)
+        return totals.rates()
