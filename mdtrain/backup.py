@@ -111,7 +111,8 @@ def resume_point(
 def _rng_state(net: keras.Model) -> list:
     """The dropout seed generators' state: `Layer.variables` minus `weights`, as Keras documents.
 
-    A network with dropout must have some: finding none means Keras moved it.
+    A network with dropout must have some: finding none means Keras moved it, and a resumed
+    run would silently stop being exact.
     """
     weights = {id(w) for w in net.weights}
     state = [v for v in net.variables if id(v) not in weights]

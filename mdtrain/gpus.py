@@ -85,7 +85,8 @@ def worker_devices(
     workers (Colab's one GPU, 2 workers) every worker runs on the CPU, rather
     than two processes fighting over one GPU's memory. Pass `gpus_per_worker`
     and `cuda_visible_devices` on to every run that is to be compared, so that
-    like is compared with like. `mdtrain launch` makes the same choice.
+    like is compared with like. `mdtrain launch` makes the same choice, unless
+    `--gpus-per-worker` asks for another.
 
     Args:
         num_workers: How many workers. Must be at least 1.

@@ -109,7 +109,7 @@ def read_legacy_torch_file(path: str | os.PathLike) -> dict[str, np.ndarray]:
     Example:
 
     >>> weights = read_legacy_torch_file(lite0_torch_file())  # doctest: +SKIP
-    >>> weights["_fc.weight"].shape
+    >>> weights["_fc.weight"].shape  # doctest: +SKIP
     (1000, 1280)
     """
     with open(path, "rb") as f:
@@ -193,7 +193,7 @@ def imagenet_classifier(image_size: int | None = 224, weights: str | None = "ima
     Example:
 
     >>> model = imagenet_classifier(224)  # doctest: +SKIP
-    >>> model.output_shape
+    >>> model.output_shape  # doctest: +SKIP
     (None, 1000)
     """
     import keras

@@ -76,7 +76,8 @@ def pad_empty_slice(images: tf.Tensor, labels: tf.Tensor):
 def _compiled_step(strategy: tf.distribute.Strategy, step_fn, element_spec):
     """`strategy.run(step_fn, (batch,))` as one graph, traced once for `element_spec`.
 
-    `fit` and `custom_fit` both run this graph, so they end with the same weights bit for bit.
+    `fit` and `custom_fit` both run this graph, so they end with the same weights bit for bit;
+    the element spec (batch size unknown) spares a second trace for the last, partial batch.
     """
 
     @tf.function(input_signature=[element_spec])

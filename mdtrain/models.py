@@ -122,7 +122,7 @@ def build_model(
     weights: str | None = "none",
     dropout: float = 0.2,
 ) -> keras.Model:
-    """Builds a classifier by name; see `MODELS`.
+    """Builds a classifier by name: one of `mdtrain train --model`'s choices.
 
     An EfficientNet's base is the layer named `"base"`. With ImageNet weights
     (or a weights file) it is frozen and runs BatchNormalization in inference

@@ -2,8 +2,9 @@
 
 Keras' `BatchNormalization` normalises each replica's slice on its own.
 Here the per-channel sums are all-reduced in two passes (the mean, then the
-squared deviations), so the forward pass, its gradient and the moving
-statistics are one device's, up to the order of float additions.
+squared deviations), so the forward pass, its gradient (TensorFlow all-reduces
+the gradient of an all-reduce) and the moving statistics are one device's, up
+to the order of float additions.
 
 Two details make it exact where Keras' `synchronized=True` is not:
 - the variance is the mean squared deviation, not E[x²] − E[x]², which loses

@@ -126,7 +126,8 @@ class InputData:
         deterministic: keep the exact order even when parallel decoding
             finishes out of order. Defaults to False.
         cache_dir: folder of a disk cache; None uses mdtrain's cache folder
-            (`$MDTRAIN_CACHE_DIR`, else `~/.cache/mdtrain`). Defaults to None.
+            (`$MDTRAIN_CACHE_DIR`, else `$XDG_CACHE_HOME/mdtrain`, else
+            `~/.cache/mdtrain`). Defaults to None.
         cache_task: this process's task in a multi-worker cluster
             (`"worker-1"`), so that each fills a disk cache of its own; None
             outside one. Defaults to None.

@@ -60,7 +60,8 @@ def time_epochs(
         warmup: True: one epoch of each pipeline; False: none. A mapping
             gives some pipelines their own warm-up: an iterable to pull one
             epoch of (say, epoch 0 of an `InputData` whose memory cache the
-            timed epoch 1 reads), a function to call, or None for none.
+            timed epoch 1 reads), a function to call, or None for none;
+            the pipelines it does not name warm up on an epoch of their own.
             Defaults to True.
         step: called on every batch, timed with it, as a training step would
             be (warm-ups included), to show how much input work hides behind

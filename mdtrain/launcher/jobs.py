@@ -324,8 +324,8 @@ def _run_ps_cluster(
     """Runs `num_ps` servers, `num_workers` workers and a chief; the job ends with the chief."""
     if num_workers < 1 or num_ps < 1:
         raise UsageError(f"--workers {num_workers} --ps {num_ps}: pass at least 1 of each")
+    chief, *rest = free_addresses(1 + num_workers + num_ps, host)  # a bad host fails first
     job = Job(num_workers, f"{num_ps} ps, {num_workers} workers and a chief", host=host, **options)
-    chief, *rest = free_addresses(1 + num_workers + num_ps, host)
     cluster = {"chief": [chief], "worker": rest[:num_workers], "ps": rest[num_workers:]}
 
     def start_and_watch() -> int:

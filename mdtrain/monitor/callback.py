@@ -53,6 +53,10 @@ class MonitorCallback(keras.callbacks.Callback):
             (``mdtrain train``'s default, ``--augment-in model``), for the verdict's advice.
             Defaults to ``False``.
 
+    Raises:
+        ValueError: If ``display`` is not one of the four, or
+            ``global_batch_size`` is below 1.
+
     Example:
 
     ```python

@@ -212,9 +212,9 @@ class Sampler:
         max_samples: History length. Defaults to ``7200`` (an hour at 0.5 s).
         gpu_reader: Object with ``read() -> tuple[DeviceSample, ...]``,
             ``names``, ``error`` and ``close()``; tests inject a fake.
-            Defaults to a new `NvmlReader`.
+            Defaults to a new `mdtrain.monitor.sampler.NvmlReader`.
         cpu_reader: Object with ``read() -> DeviceSample``. Defaults to a new
-            `CpuReader`.
+            `mdtrain.monitor.sampler.CpuReader`.
         clock: Time source for ``Sample.time``. Defaults to ``time.monotonic``.
         quiet: Say nothing when there is no GPU to sample (a monitor that
             shows nothing, ``display="none"``). Defaults to ``False``.

@@ -366,7 +366,7 @@ def accuracy_comparison(
 
     Example:
 
-    >>> runs = {"ImageNet": transfer.history, "scratch": scratch.history}
+    >>> runs = {"ImageNet": transfer.history, "scratch": scratch.history}  # doctest: +SKIP
     >>> accuracy_comparison(runs, chance=0.2)  # doctest: +SKIP
     """
     fig = new_figure((6.0, 3.2))
