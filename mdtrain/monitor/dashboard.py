@@ -19,7 +19,7 @@ import ipywidgets as widgets
 import numpy as np
 
 from mdtrain.monitor.sampler import DeviceSample, Sample
-from mdtrain.monitor.summary import Rates, count, device_text, rate_figures
+from mdtrain.monitor.summary import Rates, count, device_text, rate_figures, short_name
 
 MAX_POINTS = 600  # chart points kept: 2.5 minutes at the default refresh, thinned when drawn
 MAX_DRAWN = 150  # points drawn per line: more than the figure has pixels buys nothing
@@ -238,7 +238,7 @@ class Chart:
             self.rate_ax.set_ylim(0, 1.1 * max(r for _, r in rated) or 1.0)
         for name in dict.fromkeys(name for _, _, util in points for name in util):
             if name not in self.util_lines:
-                label = name.split(" (")[0]  # "GPU 0" for "GPU 0 (NVIDIA T4)"
+                label = short_name(name)
                 (self.util_lines[name],) = self.util_ax.plot([], [], label=label)
                 self.util_ax.legend(fontsize=7, loc="lower right")
             series = [(t, u[name]) for t, _, u in points if name in u]

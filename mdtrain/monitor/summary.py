@@ -190,7 +190,7 @@ def epoch_line(epoch: int, epochs: int | None, summary: Summary) -> str:
     ``epoch`` is zero-based and printed one-based, like Keras.
     """
     util = ", ".join(
-        f"{d.name.split(' (')[0]} {percent(d.mean_utilization)}"
+        f"{short_name(d.name)} {percent(d.mean_utilization)}"
         for d in summary.devices
         if d.mean_utilization is not None
     )
@@ -230,6 +230,11 @@ def memory_text(used: int | None, total: int | None) -> str | None:
     if used is None or not total:
         return None
     return f"{used / 2**30:.1f}/{total / 2**30:.1f} GiB"
+
+
+def short_name(name: str) -> str:
+    """``"GPU 0"`` for ``"GPU 0 (NVIDIA T4)"``."""
+    return name.split(" (")[0]
 
 
 def count(n: int, total: int | None) -> str:
