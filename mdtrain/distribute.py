@@ -166,7 +166,7 @@ def make_strategy(strategy: str = "auto") -> tf.distribute.Strategy:
         tf.tpu.experimental.initialize_tpu_system(resolver)
         return tf.distribute.TPUStrategy(resolver)
     if strategy == "mirrored":
-        return tf.distribute.MirroredStrategy()
+        return _mirrored_over_gpus(gpus)
     if strategy == "one":
         return tf.distribute.OneDeviceStrategy("/gpu:0" if gpus else "/cpu:0")
     n = int(_CPU.match(strategy).group(1))
@@ -176,6 +176,17 @@ def make_strategy(strategy: str = "auto") -> tf.distribute.Strategy:
             f"('cpu:{n}') before TensorFlow starts"
         )
     return tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(n)])
+
+
+def _mirrored_over_gpus(gpus: list) -> tf.distribute.Strategy:
+    """MirroredStrategy over every GPU; not NCCL where logical GPUs share a card.
+
+    NCCL refuses two ranks on one device ("NCCL: invalid usage", seen on an H100 split
+    in two with `set_logical_device_configuration`), the default for GPUs.
+    """
+    if len(gpus) > len(tf.config.list_physical_devices("GPU")):
+        return tf.distribute.MirroredStrategy(cross_device_ops=tf.distribute.ReductionToOneDevice())
+    return tf.distribute.MirroredStrategy()
 
 
 def _multiworker_strategy() -> tf.distribute.Strategy:

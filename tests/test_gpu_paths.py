@@ -116,7 +116,7 @@ def fake_strategies(monkeypatch):
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
     monkeypatch.setattr(distribute, "fresh_collective_keys", lambda: None)
 
-    def make(gpus: int, cpus: int, tpu: bool = False):
+    def make(gpus: int, cpus: int, tpu: bool = False, cards: int | None = None):
         listed = []
 
         def list_logical_devices(kind):
@@ -124,17 +124,21 @@ def fake_strategies(monkeypatch):
             return [f"{kind}:{i}" for i in range(gpus if kind == "GPU" else cpus)]
 
         def strategy(kind):
-            return lambda *args: (kind, *args)
+            return lambda *args, **kwargs: (kind, *args, *kwargs.values())
+
+        def list_physical_devices(kind):  # `cards` GPUs split into `gpus` logical ones
+            return [f"{kind}:{i}" for i in range(gpus if cards is None else cards)]
 
         monkeypatch.setattr(distribute, "_tpu_available", lambda: tpu)
         monkeypatch.setattr(distribute, "tf", types.SimpleNamespace(
             config=types.SimpleNamespace(list_logical_devices=list_logical_devices,
+                                         list_physical_devices=list_physical_devices,
                                          experimental_connect_to_cluster=lambda resolver: None),
             tpu=types.SimpleNamespace(experimental=types.SimpleNamespace(
                 initialize_tpu_system=lambda resolver: None)),
             distribute=types.SimpleNamespace(
                 MirroredStrategy=strategy("mirrored"), OneDeviceStrategy=strategy("one"),
-                TPUStrategy=strategy("tpu"),
+                TPUStrategy=strategy("tpu"), ReductionToOneDevice=lambda: "to-one-device",
                 cluster_resolver=types.SimpleNamespace(TPUClusterResolver=lambda: "resolver")),
         ))  # fmt: skip
         return distribute.make_strategy, listed
@@ -177,6 +181,11 @@ def test_make_strategy_says_what_is_missing_in_one_line(fake_strategies, name, g
     assert "\n" not in str(raised.value)
     if name == "multiworker":  # before anything starts TensorFlow's runtime
         assert listed == []
+
+
+def test_logical_gpus_of_one_card_are_not_reduced_with_nccl(fake_strategies):
+    make_strategy, _ = fake_strategies(gpus=2, cpus=1, cards=1)  # one H100 split in two
+    assert make_strategy("mirrored") == ("mirrored", "to-one-device")
 
 
 # --- mixed precision ---------------------------------------------------------------
