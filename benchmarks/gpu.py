@@ -314,8 +314,11 @@ def _worker_env() -> dict:
     # A GPU whose architecture the build lacks runs kernels compiled from PTX by the driver:
     # a cache large enough for them all lets the next worker start without compiling again.
     cache = os.environ.get("CUDA_CACHE_MAXSIZE", str(4 * 2**30))
+    # Lazy loading compiles a kernel when it is first used, not the whole library at start.
+    loading = os.environ.get("CUDA_MODULE_LOADING", "LAZY")
     return {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1",
-            "TF_CPP_MIN_LOG_LEVEL": "1", "CUDA_CACHE_MAXSIZE": cache}  # fmt: skip
+            "TF_CPP_MIN_LOG_LEVEL": "1", "CUDA_CACHE_MAXSIZE": cache,
+            "CUDA_MODULE_LOADING": loading}  # fmt: skip
 
 
 #: Lines of a worker's log worth keeping: what failed to load, compile or run.
@@ -323,6 +326,10 @@ NOTABLE = re.compile(
     r"dlopen|Could not|Cannot |libcu|cudnn|cuDNN|ptxas|libdevice|nvJitLink|NCCL|XLA|"
     r"[Ee]rror|[Ff]ail|Check failed|Segmentation|Abort|Traceback|deterministic|Unimplemented"
 )
+
+
+#: A log line about a CUDA library that did not load (the stand-ins of another CUDA version).
+LIBRARY_LINE = re.compile(r"dlopen|Could not load|Cannot |libcu|libnccl|cuDNN|cudnn|version")
 
 
 def _log_summary(text: str) -> dict:
@@ -578,23 +585,30 @@ def _key_a(report: dict) -> tuple[str, str, str | None]:
     build = probe.get("build_info") or {}
     checks = probe.get("checks") if isinstance(probe.get("checks"), dict) else {}
     tf32 = checks.get("matmul_tf32", {})
-    key = (f"{gpu.get('name', 'no NVML GPU')} cc {gpu.get('compute_capability')}, "
+    archs, cc = build.get("cuda_compute_capabilities") or [], gpu.get("compute_capability")
+    sass = f"sm_{str(cc).replace('.', '')}"
+    jit = f" ({sass} missing: its kernels compile from PTX)" if archs and sass not in archs else ""
+    key = (f"{gpu.get('name', 'no NVML GPU')} cc {cc}, "
            f"driver {nvml.get('driver')} (CUDA {nvml.get('cuda_driver')}); TF "
            f"{probe.get('versions', {}).get('tensorflow')} built for CUDA "
-           f"{build.get('cuda_version')}/cuDNN {build.get('cudnn_version')}, lists "
-           f"{len(probe.get('physical_gpus') or [])} GPU(s), compiled for "
-           f"{build.get('cuda_compute_capabilities')}; TF32 "
-           f"{'on' if probe.get('tf32_enabled_by_default') else 'off'} by default"
+           f"{build.get('cuda_version')}/cuDNN {build.get('cudnn_version')} and {archs}{jit}, "
+           f"lists {len(probe.get('physical_gpus') or [])} GPU(s); TF32 "
+           f"{ {True: 'on', False: 'off'}.get(probe.get('tf32_enabled_by_default'), 'unknown')}"
+           " by default"
            f"{', used by float32 matmuls' if tf32.get('tf32_used') else ''}")  # fmt: skip
+    # what the probe's log says about the libraries, when it failed to use them
+    log = next((p for p in report["processes"] if p["group"] == "probe"), {})
+    libraries = [ln for ln in log.get("notable", []) if LIBRARY_LINE.search(ln)][:3]
+    why = f" (log: {' | '.join(libraries)})" if libraries else ""
     if not probe:
-        return "failed", key, "the probe process reported nothing (see processes)"
+        return "failed", key, f"the probe reported nothing, worker {log.get('exit')}{why}"
     if not probe.get("ok"):
-        return "failed", key, probe.get("error")
+        return "failed", key, f"{probe.get('error')}{why}"
     if not checks:
-        return "failed", key, str(probe.get("checks"))
+        return "failed", key, f"{probe.get('checks')}{why}"
     bad = [f"{name}: {c.get('error')}" for name, c in checks.items()
            if name in ("matmul_tf32", "conv_cudnn") and not c.get("ok")]  # fmt: skip
-    return ("failed" if bad else "ok"), key, (bad[0] if bad else None)
+    return ("failed" if bad else "ok"), key, (bad[0] + why if bad else None)
 
 
 def _key_b(report: dict) -> tuple[str, str, str | None]:
@@ -723,7 +737,8 @@ def headline(report: dict) -> str:
         return "GPU check DRY RUN on 2 CPU replicas (tiny sizes; no GPU figures)"
     nvml, probe = report["nvml"], report.get("probe") or {}
     names = [g.get("name") for g in nvml.get("gpus", [])]
-    layout = next(iter(report["layouts"].values()), {})
+    layouts = report["layouts"]
+    layout = layouts.get("small") or layouts.get("effnet") or layouts.get("probe") or {}
     return (f"GPU check: {report['gpu']} x{len(names)}, driver {nvml.get('driver')}, TensorFlow "
             f"{probe.get('versions', {}).get('tensorflow')}, layout: "
             f"{layout.get('split') or layout.get('devices')}")  # fmt: skip
@@ -806,7 +821,8 @@ def _prepare(args, clock: Clock, nvml: dict, smi: dict) -> tuple[dict, list, dic
         "started": dt.datetime.now().isoformat(timespec="seconds"), "budget_s": args.budget_s,
         "machine": machine(), "nvml": nvml, "nvidia_smi": smi,
         "environment": {k: os.environ.get(k) for k in ("CUDA_VISIBLE_DEVICES", "XLA_FLAGS",
-                        "LD_LIBRARY_PATH", "TF_GPU_ALLOCATOR", "CUDA_DEVICE_ORDER")},
+                        "LD_LIBRARY_PATH", "TF_GPU_ALLOCATOR", "CUDA_DEVICE_ORDER",
+                        "CUDA_MODULE_LOADING", "CUDA_CACHE_MAXSIZE", "PATH")},
         "replicas": replicas, "datasets": {}, "layouts": {}, "probe": None, "runs": {},
         "labels": {r.id: r.label for g in groups for r in g.runs},
         "argv": {r.id: r.argv or r.extra for g in groups for r in g.runs},

@@ -169,7 +169,7 @@ def probe(config: dict) -> dict:
         "versions": {"tensorflow": tf.__version__, "keras": keras.__version__,
                      "numpy": np.__version__, "python": sys.version.split()[0]},
         "built_with_cuda": _check(tf.test.is_built_with_cuda),
-        "build_info": _check(lambda: {k: str(v) for k, v in tf.sysconfig.get_build_info().items()}),
+        "build_info": _check(lambda: dict(tf.sysconfig.get_build_info())),
     }  # fmt: skip
     gpus = tf.config.list_physical_devices("GPU")
     out["physical_gpus"] = [{"name": g.name, **_details(tf, g)} for g in gpus]

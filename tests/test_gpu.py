@@ -222,6 +222,31 @@ def test_the_check_runs_its_sections_on_cpu_replicas(tmp_path):
     assert "c mdtrain train default" in proc.stdout  # the verdict table
 
 
+@pytest.mark.slow
+def test_a_gpu_that_tensorflow_cannot_use_is_reported_section_by_section(monkeypatch, tmp_path):
+    # NVML sees an H100 but TensorFlow lists no GPU (CUDA libraries it cannot load): every
+    # section says so, the report and chart are still written, and nothing trains on the CPU.
+    h100 = {"index": 0, "name": "NVIDIA H100 80GB HBM3", "compute_capability": "9.0",
+            "memory_total_mib": 81559}  # fmt: skip
+    monkeypatch.setattr(gpu, "nvml_info", lambda: {"count": 1, "driver": "580", "gpus": [h100]})
+    monkeypatch.setattr(gpu, "smi_info", lambda: {"error": "not found"})
+    monkeypatch.setattr(gpu, "GPU_SIZES", gpu.DRY_SIZES)  # tiny datasets
+    args = types.SimpleNamespace(budget_s=600.0, dry_run_on_cpu=False, sections="abcdh",
+                                 work=None, out=tmp_path)  # fmt: skip
+    report = gpu.check(args)
+    assert (tmp_path / "gpu.json").exists() and (tmp_path / "gpu.png").exists()
+    assert report["gpu"] == "NVIDIA H100 80GB HBM3" and report["replicas"] == 2
+    sections = report["sections"]
+    assert sections["a"]["status"] == "failed"
+    assert "lists 0 GPU(s)" in sections["a"]["key"]
+    assert "TensorFlow lists no GPU" in sections["a"]["error"]
+    for sid in "cd":
+        assert sections[sid]["status"] == "skipped", sections[sid]
+        assert "TensorFlow lists no GPU" in sections[sid]["error"]
+    assert sections["h"]["status"] == "failed"  # no reading from either side
+    assert "GPU check: NVIDIA H100 80GB HBM3 x1" in gpu.verdict_table(report)
+
+
 # --- on a real GPU -------------------------------------------------------------------------
 
 needs_gpu = pytest.mark.skipif(not _nvml_gpus(), reason="no NVIDIA GPU (NVML sees none)")
