@@ -715,9 +715,9 @@ def _bars(report: dict) -> dict[str, float]:
             continue
         if r.get("same_run_as"):  # drawn once, under its own run
             continue
-            n = r.get("replicas")
-            label = f"{rid[0]}: {report['labels'].get(rid, rid)}"
-            bars[f"{label} ({n} replica{'s' if n != 1 else ''})"] = r["images_per_sec"]
+        n = r.get("replicas")
+        label = f"{rid[0]}: {report['labels'].get(rid, rid)}"
+        bars[f"{label} ({n} replica{'s' if n != 1 else ''})"] = r["images_per_sec"]
     return bars
 
 

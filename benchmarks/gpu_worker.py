@@ -141,13 +141,17 @@ def set_layout(config: dict) -> dict:
     layout: dict = {"kind": "gpu", "physical_gpus": len(gpus)}
     if len(gpus) == 1 and config.get("split", True):
         limit = int(config.get("memory_limit_mb", 8192))
-        tf.config.set_logical_device_configuration(
-            gpus[0], [tf.config.LogicalDeviceConfiguration(memory_limit=limit)] * 2
-        )
-        layout["split"] = f"GPU 0 as 2 logical GPUs of {limit} MiB each"
-    else:
+        try:
+            tf.config.set_logical_device_configuration(
+                gpus[0], [tf.config.LogicalDeviceConfiguration(memory_limit=limit)] * 2
+            )
+            layout["split"] = f"GPU 0 as 2 logical GPUs of {limit} MiB each"
+        except Exception as e:  # noqa: BLE001 - then one replica: the runs say so
+            layout["split_error"] = error_text(e)[0]
+    if "split" not in layout:
         for gpu in gpus:
-            tf.config.experimental.set_memory_growth(gpu, True)
+            with contextlib.suppress(RuntimeError, ValueError):
+                tf.config.experimental.set_memory_growth(gpu, True)
     logical = tf.config.list_logical_devices("GPU")
     layout["devices"] = _names(logical)
     layout["replicas"] = len(logical)
@@ -485,7 +489,8 @@ def main(config: dict) -> None:
         emit({"event": "result", "id": run["id"], **record})
         import keras
 
-        keras.backend.clear_session()  # the next run starts from a clean graph and memory
+        with contextlib.suppress(Exception):  # the next run starts from a clean graph
+            keras.backend.clear_session()
 
 
 if __name__ == "__main__":

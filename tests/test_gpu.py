@@ -218,6 +218,10 @@ def test_the_check_runs_its_sections_on_cpu_replicas(tmp_path):
         assert run["empty_replica"] and run["replicas"] == 2 and run["weights_finite"]
         assert run["images_per_sec"] > 0 and 0 <= run["val_accuracy"] <= 1
     assert (mixed.get("precision") or mixed["model_dtype_policy"]) == "mixed_bfloat16"
+    assert list(gpu._bars(written)) == [  # the chart's bars
+        "c: mdtrain train (2 replicas)",
+        "c: --mixed-precision (2 replicas)",
+    ]
     assert written["probe"]["checks"]["xla_zero_size"]["shape"] == [0, 8, 8, 3]
     assert "c mdtrain train default" in proc.stdout  # the verdict table
 
