@@ -86,8 +86,9 @@ def configure_devices(strategy: str = "auto", cpu_replicas: int = 2) -> None:
     check_strategy_name(strategy)
     gpus = tf.config.list_physical_devices("GPU")
     for gpu in gpus:  # take memory as needed rather than all of it up front
-        # RuntimeError: devices already initialised; growth was set before, or cannot be now
-        with contextlib.suppress(RuntimeError):
+        # RuntimeError: devices already initialised; growth was set before, or cannot be now.
+        # ValueError: the GPU was split into logical GPUs, which have fixed memory limits.
+        with contextlib.suppress(RuntimeError, ValueError):
             tf.config.experimental.set_memory_growth(gpu, True)
     m = _CPU.match(strategy)
     replicas = int(m.group(1)) if m else 1

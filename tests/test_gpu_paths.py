@@ -50,6 +50,8 @@ class FakeTfConfig:
         return list(self.gpus) if kind == "GPU" else ["PhysicalDevice(CPU:0)"]
 
     def _set_memory_growth(self, device, enable: bool) -> None:
+        if ("virtual", device, 2) in self.calls:  # TensorFlow's check, before the one below
+            raise ValueError("Cannot set memory growth on device when virtual devices configured")
         self._refuse_after_init("Physical devices")
         self.calls.append(("growth", device, enable))
 
@@ -94,6 +96,18 @@ def test_memory_growth_then_virtual_cpus_on_a_gpu_machine(fake_tf):
     kinds = [c[0] for c in config.calls]
     assert kinds.index("growth") < kinds.index("virtual")
     assert ("virtual", "PhysicalDevice(CPU:0)", 2) in config.calls
+
+
+def test_a_gpu_split_into_logical_gpus_keeps_its_limits(fake_tf):
+    # One card as two logical GPUs (benchmarks/gpu.py, notebooks on one GPU): TensorFlow
+    # refuses memory growth on it with a ValueError; the other GPUs still get growth.
+    distribute, make = fake_tf
+    config = make(2)
+    config.set_logical_device_configuration(config.gpus[0], ["virtual", "virtual"])
+    distribute.configure_devices("mirrored")
+    assert [c for c in config.calls if c[0] == "growth"] == [("growth", config.gpus[1], True)]
+    with pytest.raises(ValueError, match="virtual devices configured"):  # the fake can fail
+        config.experimental.set_memory_growth(config.gpus[0], True)
 
 
 def test_the_fake_refuses_growth_after_init_as_tensorflow_does(fake_tf):
