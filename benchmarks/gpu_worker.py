@@ -406,7 +406,12 @@ def _recipe_fit(run: dict):
 
     train_ds, val_ds = load("train"), load("val")
     fresh_collective_keys()  # another MirroredStrategy over these devices may come before
-    strategy = tf.distribute.MirroredStrategy(run.get("devices"))
+    # NCCL, the default over GPUs, refuses two ranks on one card ("invalid usage").
+    shared = len(tf.config.list_logical_devices("GPU")) > len(
+        tf.config.list_physical_devices("GPU")
+    )
+    reduce = tf.distribute.ReductionToOneDevice() if shared else None
+    strategy = tf.distribute.MirroredStrategy(run.get("devices"), cross_device_ops=reduce)
     with strategy.scope():
         augmentation = keras.Sequential(
             [layers.RandomFlip("horizontal"), layers.RandomRotation(0.1), layers.RandomZoom(0.1)],

@@ -273,7 +273,10 @@ _N_VS_1 = textwrap.dedent(
 
     one = tf.distribute.OneDeviceStrategy("/gpu:0")
     fresh_collective_keys()
-    two = tf.distribute.MirroredStrategy(["/gpu:0", "/gpu:1"])
+    # NCCL refuses two ranks on one card: reduce through one device (any layout allows it)
+    two = tf.distribute.MirroredStrategy(
+        ["/gpu:0", "/gpu:1"], cross_device_ops=tf.distribute.ReductionToOneDevice()
+    )
     out = {}
     for n, gb in ((31, 16), (17, 16)):  # last batches 15 (8 + 7) and 1 (1 + an empty slice)
         ds = nm.fixed_dataset(n, gb)
