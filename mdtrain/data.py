@@ -221,7 +221,7 @@ def _decode_error(path: str) -> str:
     except OSError as e:
         return f"cannot be read: {e.strerror}"
     if sniff_format(path) is None:
-        return "not a JPEG, PNG, GIF or BMP image"
+        return "not a JPEG, PNG, GIF, BMP or WebP image"
     try:
         decode_image(tf.io.read_file(os.fsencode(path)))
     except Exception as e:  # TensorFlow raises several types; any of them means "unreadable"

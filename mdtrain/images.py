@@ -10,7 +10,9 @@ from __future__ import annotations
 import os
 
 #: The format each image extension claims; a file with another extension is ignored.
-_EXTENSION_FORMAT = {".jpg": "jpeg", ".jpeg": "jpeg", ".png": "png", ".gif": "gif", ".bmp": "bmp"}
+_EXTENSION_FORMAT = {
+    ".jpg": "jpeg", ".jpeg": "jpeg", ".png": "png", ".gif": "gif", ".bmp": "bmp", ".webp": "webp"
+}  # fmt: skip
 _MAGIC = (
     (b"\xff\xd8\xff", "jpeg"),
     (b"\x89PNG\r\n\x1a\n", "png"),
@@ -39,9 +41,11 @@ def image_files(folder: str | os.PathLike) -> list[str]:
 
 
 def sniff_format(path: str | os.PathLike) -> str | None:
-    """The image format (`"jpeg"`, `"png"`, ...) a file's first 8 bytes announce, or None."""
+    """The image format (`"jpeg"`, `"png"`, ...) a file's first 12 bytes announce, or None."""
     with open(path, "rb") as f:
-        head = f.read(8)
+        head = f.read(12)
+    if head[:4] == b"RIFF" and head[8:] == b"WEBP":
+        return "webp"
     for magic, name in _MAGIC:
         if head.startswith(magic):
             return name
@@ -49,7 +53,7 @@ def sniff_format(path: str | os.PathLike) -> str | None:
 
 
 def decode_image(contents):
-    """JPEG, PNG, GIF (first frame) or BMP bytes, by content, to a (H, W, 3) `uint8` tensor."""
+    """JPEG, PNG, GIF (first frame), BMP or WebP bytes, by content, to a (H, W, 3) uint8 tensor."""
     import tensorflow as tf
 
     image = tf.io.decode_image(contents, channels=3, expand_animations=False)
