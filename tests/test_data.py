@@ -146,7 +146,6 @@ def test_sniff_format_goes_by_content(messy_dataset):
     assert sniff_format(messy_dataset / "circle" / "notes.jpg") is None
 
 
-
 def test_webp_is_listed_decoded_and_named_in_the_reason(tmp_path):
     for name, shade in (("dark", 40), ("light", 200)):
         (tmp_path / name).mkdir()
@@ -158,6 +157,7 @@ def test_webp_is_listed_decoded_and_named_in_the_reason(tmp_path):
     assert report.unreadable[0].reason == "not a JPEG, PNG, GIF, BMP or WebP image"
     assert sniff_format(tmp_path / "light" / "a.webp") == "webp"
     assert int(load_image(str(tmp_path / "light" / "a.webp"), 4).numpy().min()) == 200
+
 
 @pytest.fixture
 def own_cache(tmp_path, monkeypatch):
