@@ -156,7 +156,7 @@ def _stat_key(path: str) -> list[int] | None:
 
 
 #: Version of the decode-check manifest; a manifest of another version is scanned again.
-_MANIFEST_VERSION = 2
+_MANIFEST_VERSION = 3  # 3: the reasons name WebP
 
 
 def find_undecodable(files: list[str]) -> list[SkippedFile]:
