@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import os
 
-#: The format each image extension claims; a file with another extension is ignored.
-_EXTENSION_FORMAT = {
-    ".jpg": "jpeg", ".jpeg": "jpeg", ".png": "png", ".gif": "gif", ".bmp": "bmp", ".webp": "webp"
-}  # fmt: skip
+#: The format each image extension (without its dot) claims; files with another are ignored.
+_EXTENSION_FORMAT = dict(jpg="jpeg", jpeg="jpeg", png="png", gif="gif", bmp="bmp", webp="webp")
 _MAGIC = (
     (b"\xff\xd8\xff", "jpeg"),
     (b"\x89PNG\r\n\x1a\n", "png"),
@@ -24,7 +22,7 @@ _MAGIC = (
 
 def extension_format(path: str | os.PathLike) -> str | None:
     """The format a file's extension claims (`"jpeg"`, `"png"`, ...), or None."""
-    return _EXTENSION_FORMAT.get(os.path.splitext(str(path))[1].lower())
+    return _EXTENSION_FORMAT.get(os.path.splitext(str(path))[1].lower()[1:])
 
 
 def image_files(folder: str | os.PathLike) -> list[str]:

@@ -307,15 +307,12 @@ def history_curves(
             `{run label: history}` draws several runs, a colour each.
         title: figure title. Defaults to None.
         num_classes: classes of the task, for the chance line. Defaults to None.
-        boundary: a dashed line after this many epochs (where fine-tuning
-            starts). Defaults to None.
+        boundary: epochs before a dashed line (where fine-tuning starts). Defaults to None.
 
     Returns:
         The figure: two axes (loss, accuracy), one line per run and available series.
     """
-    several = isinstance(history, Mapping) and not any(  # Keras' .history holds numbers
-        isinstance(v, Sequence) and v and not isinstance(v[0], Mapping) for v in history.values()
-    )
+    several = isinstance(history, Mapping) and "loss" not in history  # not Keras' `.history`
     runs = {k: history_rows(v) for k, v in (history if several else {"": history}).items()}
     fig = new_figure((8.5, 3.0), title)
     axes = fig.subplots(1, 2)
@@ -336,8 +333,7 @@ def history_curves(
     return fig
 
 
-def _epoch_curves(ax, curves: Mapping[str, Sequence[float]], styles: Sequence[str],
-                  boundary: int | None = None) -> int:  # fmt: skip
+def _epoch_curves(ax, curves: Mapping[str, Sequence[float]], styles, boundary=None) -> int:
     """One line per curve over epochs 1, 2, ... (dashed: `boundary`); returns the most epochs."""
     longest = 1
     for (label, values), style in zip(curves.items(), styles, strict=False):
