@@ -1,17 +1,30 @@
 """Batch normalization whose statistics are those of the whole global batch.
 
 Keras' `BatchNormalization` normalises each replica's slice on its own.
-Here the per-channel sums are all-reduced in two passes (the mean, then the
-squared deviations), so the forward pass, its gradient (TensorFlow all-reduces
-the gradient of an all-reduce) and the moving statistics are one device's, up
-to the order of float additions.
+Here each channel's count, sum and sum of squares travel in ONE all-reduce
+(its gradient is one more: TensorFlow all-reduces the gradient of an
+all-reduce), so the forward pass, its gradient and the moving statistics are
+one device's, up to the order of float additions.
 
 Two details make it exact where Keras' `synchronized=True` is not:
-- the variance is the mean squared deviation, not E[x²] − E[x]², which loses
-  digits when the mean is large;
+- the sums are of `x - K`, K the layer's moving mean (the same on every
+  replica): the variance E[(x-K)²] - E[x-K]² is exact for any K, and keeps
+  its digits where the mean is large, which E[x²] - E[x]² loses once
+  `(mean - K) / std` reaches about 100 (float32's 24 bits);
 - examples of weight 0 do not count. A replica whose slice of a partial batch
   is empty trains on one all-zero dummy example (`mdtrain.loop.pad_empty_slice`);
   `example_weights` tells every layer of the forward pass to leave it out.
+
+`BATCH_NORMS`, the `batch_norm` choice of `build_model` and `mdtrain train`,
+per BatchNormalization layer and training step on N > 1 replicas:
+- `exact`: this layer; 2 all-reduces (1 forward, 1 backward); N replicas ≡ 1,
+  partial batches and empty slices included.
+- `synchronized`: Keras' `BatchNormalization(synchronized=True)`; 6 all-reduces
+  (3 forward); global statistics, but E[x²] - E[x]² unshifted, and an empty
+  slice's dummy example counted.
+- `local`: Keras' `BatchNormalization`; no all-reduce; each replica its own
+  statistics, so N replicas train other weights than 1 (a 1-example slice has
+  variance 0).
 """
 
 from __future__ import annotations
@@ -45,20 +58,27 @@ def all_reduce_sum(values):
     return ctx.all_reduce(tf.distribute.ReduceOp.SUM, values)
 
 
-def global_moments(x: tf.Tensor, weights: tf.Tensor | None = None):
-    """Per-channel `(mean, biased variance)` of `x` over every replica's examples of weight 1."""
-    axes = list(range(len(x.shape) - 1))
+def global_moments(x: tf.Tensor, weights: tf.Tensor | None = None, shift=None):
+    """Per-channel `(mean, biased variance)` of `x` over every replica's examples of weight 1.
+
+    One all-reduce of the count and the per-channel sums of `x - shift` and of its
+    squares; `shift` (per channel, the same on every replica; default 0) keeps the
+    variance's digits where it is close to the mean (module doc).
+    """
+    axes, channels = list(range(len(x.shape) - 1)), int(x.shape[-1])
     if weights is None:
         weights = tf.ones(tf.shape(x)[:1], x.dtype)
-    per_example = tf.cast(tf.reduce_prod(tf.shape(x)[1:-1]), x.dtype)
     weights = tf.cast(weights, x.dtype)
-    w = tf.reshape(weights, [-1] + [1] * (len(x.shape) - 1))
-    local = [tf.reduce_sum(weights) * per_example, tf.reduce_sum(x * w, axes)]
-    count, total = all_reduce_sum(local)
+    per_example = tf.cast(tf.reduce_prod(tf.shape(x)[1:-1]), x.dtype)
+    shift = tf.zeros([channels], x.dtype) if shift is None else tf.cast(shift, x.dtype)
+    centred = x - tf.stop_gradient(shift)  # the moments do not depend on it
+    weighted = centred * tf.reshape(weights, [-1] + [1] * (len(x.shape) - 1))
+    local = [[tf.reduce_sum(weights) * per_example], tf.reduce_sum(weighted, axes),
+             tf.reduce_sum(weighted * centred, axes)]  # fmt: skip
+    count, sums, squares = tf.split(all_reduce_sum(tf.concat(local, 0)), [1, channels, channels])
     count = tf.maximum(count, 1.0)
-    mean = total / count
-    squares = all_reduce_sum(tf.reduce_sum(tf.square(x - mean) * w, axes))
-    return mean, squares / count
+    offset = sums / count
+    return shift + offset, tf.maximum(squares / count - tf.square(offset), 0.0)
 
 
 @keras.saving.register_keras_serializable(package="mdtrain")
@@ -68,7 +88,7 @@ class ExactBatchNormalization(keras.layers.BatchNormalization):
     A drop-in replacement (same arguments and weights, saved and loaded as
     itself). In training it normalises with the mean and variance of the
     whole global batch, over all replicas and workers, with one all-reduce
-    per pass; outside a strategy, or on one replica, it computes the same
+    per pass (module doc); outside a strategy, or on one replica, it computes the same
     formula with no communication. Renormalisation and masks are not
     supported.
 
@@ -92,7 +112,8 @@ class ExactBatchNormalization(keras.layers.BatchNormalization):
         # Statistics in float32 at least (float16 would lose them), float64 in float64.
         dtype = "float64" if self.compute_dtype == "float64" else "float32"
         x = ops.cast(inputs, dtype)
-        mean, variance = global_moments(x, getattr(_local, "weights", None))
+        weights = getattr(_local, "weights", None)
+        mean, variance = global_moments(x, weights, shift=self.moving_mean)
         momentum = self.momentum
         self.moving_mean.assign(self.moving_mean * momentum + mean * (1.0 - momentum))
         self.moving_variance.assign(self.moving_variance * momentum + variance * (1.0 - momentum))
@@ -108,16 +129,27 @@ class ExactBatchNormalization(keras.layers.BatchNormalization):
         return ops.cast(outputs, self.compute_dtype)
 
 
-def swap_batch_norm(model: keras.Model, layer_class: type) -> keras.Model:
-    """A copy of functional or sequential `model`, same weights, batch norm of `layer_class`."""
+def swap_batch_norm(model: keras.Model, layer_class: type, **config) -> keras.Model:
+    """A copy of functional or sequential `model`, same weights, batch norm of `layer_class`.
+
+    `config` overrides the layers' own (e.g. `synchronized=True`).
+    """
 
     def clone(layer):
         if isinstance(layer, keras.Model):
-            return swap_batch_norm(layer, layer_class)
+            return swap_batch_norm(layer, layer_class, **config)
         if isinstance(layer, keras.layers.BatchNormalization):
-            return layer_class.from_config(layer.get_config())
+            return layer_class.from_config(layer.get_config() | config)
         return layer.__class__.from_config(layer.get_config())
 
     copy = keras.models.clone_model(model, clone_function=clone)
     copy.set_weights(model.get_weights())
     return copy
+
+
+def with_batch_norm(model: keras.Model, batch_norm: str) -> keras.Model:
+    """A copy of `model` whose batch normalization is the `batch_norm` choice (module doc)."""
+    if batch_norm == "exact":
+        return swap_batch_norm(model, ExactBatchNormalization)
+    synchronized = batch_norm == "synchronized"
+    return swap_batch_norm(model, keras.layers.BatchNormalization, synchronized=synchronized)
