@@ -107,24 +107,22 @@ def _add_train(sub) -> None:
     t.add_argument("--loop",
                    help=f"{' or '.join(LOOPS)}: model.fit, or the custom strategy.run loop "
                    "(same weights)")  # fmt: skip
-    t.add_argument("--mixed-precision", action="store_true", help="bfloat16 on CPUs, TPUs "
-                   "and GPUs of compute capability 8.0+, float16 with loss scaling on older "
-                   "GPUs")  # fmt: skip
+    t.add_argument("--mixed-precision", action="store_true", help="bfloat16; float16 with "
+                   "loss scaling on GPUs below compute capability 8.0 (T4, V100)")  # fmt: skip
     t.add_argument("--no-augment", dest="augment", action="store_false", help="train without "
                    "random flips, rotations and zooms")  # fmt: skip
     t.add_argument("--augment-in", help=f"{', '.join(AUGMENT_IN)}: augment in the input "
                    "pipeline (CPU) or in the training step (each replica's device); auto: "
                    "in the training step")  # fmt: skip
     t.add_argument("--dropout", type=float, help="dropout before the last layer")
-    t.add_argument("--batch-norm", help=f"{', '.join(choices.BATCH_NORMS)}: global-batch "
-                   "statistics (N replicas train as 1; 2 all-reduces per layer and step), "
-                   "Keras' synchronized layer (6), or each replica's own (none)")  # fmt: skip
+    t.add_argument("--batch-norm", help=f"{', '.join(choices.BATCH_NORMS)}: global statistics "
+                   "(N replicas = 1), Keras' synchronized or per-replica layer")  # fmt: skip
     t.add_argument("--class-weight", help=f"{' or '.join(CLASS_WEIGHTS)}: "
                    "auto weighs the loss to balance classes")  # fmt: skip
     t.add_argument("--seed", type=int,
                    help="seed of weights, shuffling and augmentation")  # fmt: skip
     t.add_argument("--deterministic", action="store_true", help="bit-reproducible runs: "
-                   "slower, on GPUs much slower (deterministic cuDNN algorithms); refused "
+                   "slower, on GPUs more (deterministic, slower cuDNN algorithms); refused "
                    "before training where TensorFlow has no deterministic op")  # fmt: skip
     _add_train_keeping(t)
     # `TrainConfig` holds each training default once: the options use and show its values.

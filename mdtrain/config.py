@@ -42,7 +42,6 @@ class TrainConfig:
         image_size: side of the square images; None picks 32 for
             `small-cnn` and 224 for the EfficientNets.
         augment_in: `"auto"`, `"pipeline"` or `"model"`; see `augment_place`.
-        batch_norm: `"exact"`, `"synchronized"` or `"local"` (`mdtrain.norm`).
         backup_dir: a folder for backups that let an interrupted run resume.
         cache: `"auto"`, `"memory"`, `"disk"` or `"none"`
             (see `InputData`'s `cache`); `cache_dir` holds a disk cache.

@@ -9,7 +9,6 @@ first is the classic silent mistake that ruins pretrained accuracy.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import warnings
 
@@ -20,7 +19,7 @@ from mdtrain import choices
 from mdtrain.choices import EFFICIENTNETS, LITE0, check_dropout, check_image_size, check_model_name
 from mdtrain.errors import UsageError
 from mdtrain.lite0 import WEIGHTS_FILE_KIND, imagenet_classifier
-from mdtrain.norm import ExactBatchNormalization, with_batch_norm
+from mdtrain.norm import ExactBatchNormalization, swap_batch_norm
 
 BASE_NAME = "base"
 _V2_FILE_KIND = "a Keras weights file of this model without its top (…_notop.h5)"
@@ -54,21 +53,6 @@ def _small_cnn(image_size: int, num_classes: int, dropout: float, dtype) -> kera
     x = layers.GlobalAveragePooling2D(dtype=dtype)(x)
     head = classification_head(x, num_classes, dropout, dtype=dtype)
     return keras.Model(inputs, head, name="small_cnn")
-
-
-@contextlib.contextmanager
-def _global_policy(dtype):
-    """Keras' global dtype policy `dtype` within the block only (thread-local in Keras).
-
-    `keras.applications` builders take no `dtype`: their layers read the global
-    policy (keras/src/applications/efficientnet_v2.py); Lite0's are built the same way.
-    """
-    previous = keras.config.dtype_policy()
-    keras.config.set_dtype_policy(dtype)
-    try:
-        yield
-    finally:
-        keras.config.set_dtype_policy(previous)
 
 
 def resolve_weights(weights: str | None, file_kind: str) -> str | None:
@@ -161,9 +145,8 @@ def build_model(
             Keras weights file of `mdtrain.lite0.imagenet_classifier`).
             Ignored by `small-cnn`. Defaults to `"none"`.
         dropout: dropout before the last layer. Defaults to 0.2.
-        batch_norm: `exact`, `synchronized` or `local` (`mdtrain.norm` says
-            what each costs and keeps), where BatchNormalization trains:
-            small-cnn and Lite0 from scratch. Defaults to `"exact"`.
+        batch_norm: `exact`, `synchronized` or `local` (`mdtrain.norm`), where
+            BatchNorm trains: small-cnn, Lite0 from scratch. Defaults to `"exact"`.
         dtype: the dtype policy (name or `keras.DTypePolicy`) of every layer
             but the float32 softmax. Defaults to None: Keras' global policy.
 
@@ -191,17 +174,24 @@ def build_model(
         weights = resolve_weights(weights, WEIGHTS_FILE_KIND if name == LITE0 else _V2_FILE_KIND)
         net = _efficientnet(name, num_classes, image_size, weights, dropout, dtype)
     if batch_norm != "exact" and (name == "small-cnn" or weights is None and name == LITE0):
-        net = with_batch_norm(net, batch_norm)  # where it trains, not in inference mode
+        synchronized = batch_norm == "synchronized"  # Keras' layer, where BatchNorm trains
+        net = swap_batch_norm(net, layers.BatchNormalization, synchronized=synchronized)
     return net
 
 
 def _efficientnet(name, num_classes, image_size, weights, dropout, dtype) -> keras.Model:
     """`build_model`'s EfficientNets: a base named `"base"`, and the head."""
-    with _global_policy(dtype):
+    # `keras.applications` builders, and Lite0's, take no `dtype`: their layers read Keras'
+    # global policy (some when built: `Normalization`), set for the build only (per thread).
+    previous = keras.config.dtype_policy()
+    keras.config.set_dtype_policy(dtype)
+    try:
         if name == LITE0:  # offline ImageNet weights; see mdtrain.lite0
             base = imagenet_classifier(image_size, weights).get_layer(BASE_NAME)
         else:
             base = _efficientnetv2_base(name, image_size, weights)
+    finally:
+        keras.config.set_dtype_policy(previous)
     inputs = keras.Input((image_size, image_size, 3), name="image")
     if weights is not None or name != LITE0:
         # training=False keeps BatchNormalization in inference mode even after the

@@ -39,11 +39,9 @@ class Segment:
     warmup_steps: int = 0  # the phase's first steps, from 0 up to `learning_rate`
 
     def schedule(self):
-        """The phase's learning rate by optimizer step, a Keras `CosineDecay`.
+        """The learning rate by step: from 0 over `warmup_steps`, then cosine decay to a tenth.
 
-        A linear rise from 0 over `warmup_steps`, then cosine decay to a tenth: large
-        steps early, a settled model (and BatchNorm statistics) by the phase's end.
-        """
+        Large steps early, a settled model (and BatchNorm statistics) by the phase's end."""
         import keras
 
         return keras.optimizers.schedules.CosineDecay(
@@ -60,10 +58,7 @@ def plan_run(
     resume: ResumePoint | None = None,
     warmup_epochs: int = 0,
 ) -> list[Segment]:
-    """The segments of a run from the resume position (default: the start); empty when done.
-
-    The training phase's learning rate rises over its first `warmup_epochs`.
-    """
+    """The segments of a run from the resume position (default: the start); empty when done."""
     resume = resume or ResumePoint()
     phases = [(0, epochs, learning_rate, warmup_epochs)]  # (first, last epoch, rate, warm-up)
     if fine_tune_epochs:  # fine-tuning steps are a tenth of the training steps

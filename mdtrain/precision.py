@@ -1,12 +1,9 @@
 """A run's numerics settings that depend on its devices: mixed precision, determinism.
 
-Mixed precision computes in a 16-bit type and keeps the variables in float32.
-It follows the strategy's own devices (`strategy.extended.worker_devices`):
-bfloat16 where every one has it (GPUs of compute capability 8.0 and up, CPUs,
-TPUs), float16 with loss scaling (Keras' `compile` adds it) on older GPUs (T4
-7.5, V100 7.0), where bfloat16 has no tensor cores; a strategy mixing both kinds
-takes its weakest device's, and never float16 on a CPU (emulated, slow).
-TensorFlow-free at import; tested with fake devices.
+Mixed precision follows the strategy's own devices (`worker_devices`): bfloat16
+where all have it (CPUs, TPUs, GPUs of compute capability 8.0 and up), float16
+with loss scaling (Keras' `compile` adds it) on older GPUs (T4, V100: no bfloat16
+tensor cores), never on a CPU. TensorFlow-free at import; tested with fake devices.
 """
 
 from __future__ import annotations
@@ -24,41 +21,25 @@ class Device:
 
     kind: str
     name: str = ""
-    compute_capability: tuple[int, int] | None = None
-
-    @property
-    def has_bfloat16(self) -> bool:
-        return self.kind != "GPU" or (self.compute_capability or (0, 0)) >= (8, 0)
+    compute_capability: tuple[int, int] = (0, 0)  # unknown: the oldest
 
     def __str__(self) -> str:
-        if self.kind != "GPU":
-            return self.kind
-        major, minor = self.compute_capability or ("?", "?")
-        return f"{self.name or 'GPU'}, compute capability {major}.{minor}"
+        capability = ".".join(map(str, self.compute_capability))
+        return f"{self.name}, compute capability {capability}" if self.kind == "GPU" else self.kind
 
 
 def choose_policy(mixed_precision: bool, devices: Iterable[Device]) -> str:
-    """The Keras dtype policy of a run on `devices` (module doc): a policy name.
+    """The Keras dtype policy name of a run on `devices` (module doc).
 
-    Args:
-        mixed_precision: whether the run asked for mixed precision.
-        devices: the strategy's devices (`strategy_devices`).
-
-    Returns:
-        `"float32"`, `"mixed_bfloat16"` or `"mixed_float16"`; float32 also when
-        CPUs and older GPUs share a strategy, which no 16-bit type serves.
-
-    Example:
+    float32 without mixed precision, and where CPUs and older GPUs share a strategy.
 
     >>> choose_policy(True, [Device("GPU", "Tesla T4", (7, 5))] * 2)
     'mixed_float16'
     """
-    devices = list(devices)
-    if not mixed_precision:
-        return "float32"
-    if all(device.has_bfloat16 for device in devices):
-        return "mixed_bfloat16"
-    return "float32" if any(device.kind == "CPU" for device in devices) else "mixed_float16"
+    kinds = {d.kind for d in devices if d.kind != "GPU" or d.compute_capability < (8, 0)}
+    if not mixed_precision or kinds <= {"CPU", "TPU"}:  # all have bfloat16
+        return "mixed_bfloat16" if mixed_precision else "float32"
+    return "float32" if "CPU" in kinds else "mixed_float16"  # never float16 on a CPU
 
 
 def describe_policy(policy: str, devices: Iterable[Device]) -> str:
@@ -72,30 +53,23 @@ def strategy_devices(strategy) -> list[Device]:
     """The devices of `strategy`'s replicas on this worker, GPUs with their name and capability."""
     import tensorflow as tf
 
-    gpus = []  # visible physical GPU per logical GPU (virtual GPUs share a card)
-    for gpu in tf.config.get_visible_devices("GPU"):
-        gpus += [gpu] * len(tf.config.get_logical_device_configuration(gpu) or [None])
+    gpus = [gpu for gpu in tf.config.get_visible_devices("GPU")  # per logical GPU: its card
+            for _ in tf.config.get_logical_device_configuration(gpu) or [None]]  # fmt: skip
     devices = []
-    for name in strategy.extended.worker_devices:
-        spec = tf.DeviceSpec.from_string(name)
-        if spec.device_type != "GPU":
-            devices.append(Device(spec.device_type))
-            continue
-        details = tf.config.experimental.get_device_details(gpus[spec.device_index or 0])
-        capability = details.get("compute_capability")
-        devices.append(Device("GPU", details.get("device_name", ""), capability))
+    for spec in map(tf.DeviceSpec.from_string, strategy.extended.worker_devices):
+        gpu = spec.device_type == "GPU"
+        info = tf.config.experimental.get_device_details(gpus[spec.device_index]) if gpu else {}
+        devices.append(Device(spec.device_type, info.get("device_name", "GPU"),
+                              info.get("compute_capability", (0, 0))))  # fmt: skip
     return devices
 
 
 def check_deterministic(strategy, net, image_size: int, variables) -> None:
     """Raises `UsageError` if TensorFlow cannot train `net` deterministically under `strategy`.
 
-    Under op determinism some ops (on GPUs: depthwise-convolution filter
-    gradients without cuDNN, for one) raise when they first run, which would
-    be mid-run: the gradient of `variables` (those the run trains) on a
-    one-image batch per replica finds them now. Call it under determinism, in
-    the strategy's scope; `net`'s variables are left as they were.
-    """
+    Some ops (GPU depthwise filter gradients without cuDNN) raise under determinism when
+    first run: one gradient of `variables` (those the run trains) on one image per replica
+    finds them before training. In the strategy's scope; `net`'s state is kept."""
     import tensorflow as tf
 
     def gradient():
@@ -112,12 +86,11 @@ def check_deterministic(strategy, net, image_size: int, variables) -> None:
     except tf.errors.OpError as e:
         if not isinstance(e, tf.errors.UnimplementedError) and "determinism" not in e.message:
             raise
-        op = re.search(r"\[Op:(\w+)\]|\{\{node (\S+)\}\}", e.message)
-        op = next(filter(None, op.groups())) if op else "an op"
-        device = strategy.extended.worker_devices[0]
+        op = re.search(r"\[Op:(\w+)\]|\{\{node (\S+)\}\}", e.message) or ["", "an op"]
         raise UsageError(
-            f"--deterministic: TensorFlow cannot run {op} deterministically on {device} "
-            f"({e.message.strip().splitlines()[0]}); drop --deterministic or use another model"
+            f"--deterministic: TensorFlow cannot run {op[1] or op[2]} deterministically on "
+            f"{strategy.extended.worker_devices[0]} ({e.message.strip().splitlines()[0]}); "
+            "drop --deterministic or use another model"
         ) from None
     finally:
         for variable, value in zip(net.non_trainable_variables, state, strict=True):

@@ -134,10 +134,7 @@ def input_data_for(config: TrainConfig, splits, global_batch_size: int, **overri
 
 
 def new_trainer(config: TrainConfig, splits, augment=None, dtype=None):
-    """`config`'s model in an uncompiled `ExactTrainer` of dtype policy `dtype` (None: global).
-
-    Call it in the strategy's scope.
-    """
+    """`config`'s model in an uncompiled `ExactTrainer`, dtype policy `dtype`; in the scope."""
     from mdtrain.imbalance import class_weights_for
     from mdtrain.loop import ExactTrainer
     from mdtrain.models import build_model
