@@ -39,9 +39,7 @@ class Segment:
     warmup_steps: int = 0  # the phase's first steps, from 0 up to `learning_rate`
 
     def schedule(self):
-        """The learning rate by step: from 0 over `warmup_steps`, then cosine decay to a tenth.
-
-        Large steps early, a settled model (and BatchNorm statistics) by the phase's end."""
+        """Learning rate by step: linear from 0 over `warmup_steps`, then cosine decay to a tenth."""
         import keras
 
         return keras.optimizers.schedules.CosineDecay(

@@ -29,9 +29,7 @@ class Device:
 
 
 def choose_policy(mixed_precision: bool, devices: Iterable[Device]) -> str:
-    """The Keras dtype policy name of a run on `devices` (module doc).
-
-    float32 without mixed precision, and where CPUs and older GPUs share a strategy.
+    """The Keras dtype policy name of a run on `devices` (module doc), float32 if none fits.
 
     >>> choose_policy(True, [Device("GPU", "Tesla T4", (7, 5))] * 2)
     'mixed_float16'
