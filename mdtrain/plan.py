@@ -39,7 +39,7 @@ class Segment:
     warmup_steps: int = 0  # the phase's first steps, from 0 up to `learning_rate`
 
     def schedule(self):
-        """Learning rate by step: linear from 0 over `warmup_steps`, then cosine decay to a tenth."""
+        """The rate by step: linear from 0 over `warmup_steps`, then cosine decay to a tenth."""
         import keras
 
         return keras.optimizers.schedules.CosineDecay(
