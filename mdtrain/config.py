@@ -67,12 +67,14 @@ class TrainConfig:
     epochs: int = 15
     fine_tune_epochs: int = 0
     learning_rate: float = 2e-3
+    warmup_epochs: int = 0
     strategy: str = "auto"
     loop: str = "fit"
     mixed_precision: bool = False
     augment: bool = True
     augment_in: str = "auto"
     dropout: float = 0.2
+    batch_norm: str = "exact"
     class_weight: str = "none"
     seed: int = 0
     deterministic: bool = False
@@ -103,7 +105,8 @@ class TrainConfig:
     def _rules(self) -> list[tuple[str, bool, str]]:
         """Every other check, one row each: (argument, whether it holds, what is wrong)."""
         options = {"loop": c.LOOPS, "augment_in": c.AUGMENT_IN, "class_weight": c.CLASS_WEIGHTS,
-                   "cache": c.CACHE_MODES, "monitor": c.MONITOR_DISPLAYS}  # fmt: skip
+                   "cache": c.CACHE_MODES, "monitor": c.MONITOR_DISPLAYS,
+                   "batch_norm": c.BATCH_NORMS}  # fmt: skip
         smallest = c.smallest_image_size(self.model)
         pretrained = "needs a pretrained base: "
         ps = self.strategy == c.PS_STRATEGY
@@ -117,6 +120,8 @@ class TrainConfig:
             ("epochs", self.epochs >= 1, "must be at least 1"),
             ("fine_tune_epochs", self.fine_tune_epochs >= 0, "must be at least 0"),
             ("learning_rate", self.learning_rate > 0, "must be positive"),
+            ("warmup_epochs", 0 <= self.warmup_epochs < self.epochs,
+             f"must be in [0, {self.epochs}): the warm-up is part of the training epochs"),
             ("validation_split", 0 <= self.validation_split < 1,
              "must be in [0, 1) (0 means no validation)"),
             ("seed", 0 <= self.seed < 2**32, "must be in [0, 2**32)"),

@@ -38,6 +38,11 @@ from mdtrain.loop import ExactTrainer, custom_fit
 from mdtrain.models import build_model, unfreeze_top
 from mdtrain.norm import swap_batch_norm
 
+# On GPUs of compute capability 8.0 and up TensorFlow computes float32 matmuls and
+# convolutions in TF32 (10-bit mantissas) by default: N replicas ≡ 1 is a float32 claim.
+if tf.config.list_physical_devices("GPU"):
+    tf.config.experimental.enable_tensor_float_32_execution(False)
+
 LOSSES = ("exact", "keras_fit", "naive_global_batch")
 LOOPS = ("fit", "custom")
 
