@@ -179,6 +179,31 @@ def test_make_strategy_says_what_is_missing_in_one_line(fake_strategies, name, g
         assert listed == []
 
 
+@pytest.mark.parametrize(
+    ("gpus", "implementation"),
+    [(["PhysicalDevice(GPU:0)"], "NCCL"), (["GPU:0", "GPU:1"], "NCCL"), ([], "RING")],
+)
+def test_multiworker_collectives_are_nccl_between_gpu_workers(monkeypatch, gpus, implementation):
+    import json
+
+    import tensorflow as tf
+
+    from mdtrain import distribute
+
+    made = {}
+    cluster = {"cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:2"]},
+               "task": {"type": "worker", "index": 0}}  # fmt: skip
+    monkeypatch.setenv("TF_CONFIG", json.dumps(cluster))
+    monkeypatch.setattr(tf.config, "list_physical_devices",
+                        lambda kind=None: list(gpus) if kind == "GPU" else ["CPU:0"])  # fmt: skip
+    monkeypatch.setattr(tf.distribute, "MultiWorkerMirroredStrategy",
+                        lambda **kwargs: made.update(kwargs) or "made")  # fmt: skip
+    assert distribute.make_strategy("multiworker") == "made"
+    chosen = made["communication_options"].implementation
+    assert chosen == getattr(tf.distribute.experimental.CommunicationImplementation, implementation)
+    assert made["cluster_resolver"].task_id == 0
+
+
 # --- mixed precision ---------------------------------------------------------------
 
 
