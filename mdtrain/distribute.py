@@ -233,7 +233,8 @@ def shard_by_batch(dataset: tf.data.Dataset) -> tf.data.Dataset:
     """`dataset` as training reads it: the DATA auto-shard policy, no autotuning model.
 
     Every worker builds the same global batches as one machine; sharding by file would need
-    as many files as workers and change the batches.
+    as many files as workers and change the batches (`InputData.for_strategy` decodes
+    only each worker's slices).
     """
     options = tf.data.Options()
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA

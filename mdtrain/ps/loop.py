@@ -135,7 +135,7 @@ def cluster_size() -> dict[str, int]:
 
 def worker_dataset_fn(config, splits, global_batch_size: int):
     """The function every worker builds its batches with: the run's `InputData`, its own seed."""
-    from mdtrain.training import input_data_for
+    from mdtrain.pipeline import input_data_for
 
     def dataset_fn():
         # Built on each worker from ONE function traced on the chief: no worker number
