@@ -174,7 +174,7 @@ class InputData:
             if self.cache_mode != "none":
                 val = _decode(self._val_source, self.image_size, self.deterministic)
                 self._val_source = val.cache(self._cache_file(self.splits.val, "val"))
-            self.val_ds = self.val_batches()
+            self.val_ds = self._val_batches()
 
     def _cache_file(self, images: ImageList, split: str) -> str:
         """The argument of `Dataset.cache`: "" (memory), or a disk prefix this process fills."""
@@ -329,7 +329,7 @@ class InputData:
             ds = ds.skip(skip_steps * (1 if context is None else _local(context)))
         return _set_options(ds.prefetch(AUTOTUNE), self.deterministic)
 
-    def val_batches(self, context=None) -> tf.data.Dataset | None:
+    def _val_batches(self, context=None) -> tf.data.Dataset | None:
         """The validation batches (`val_ds`), or with `context` its worker's per-replica ones."""
         if self._val_source is None:
             return None
@@ -348,6 +348,14 @@ class InputData:
         replicas' slices of each global batch (`distribute_datasets_from_function`), each
         image with the transform drawn for its place in the batch: the batches, pixels and
         numerics of one process. (With a cache each worker decodes every image once.)
+
+        Args:
+            strategy: the run's `tf.distribute.Strategy`.
+            first_epoch, last_epoch, skip_steps: as in `train_epochs`.
+
+        Returns:
+            `(train, val)`: distributed datasets under several workers, else the
+            global batches; `val` None without validation images.
         """
         if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
             return self.train_epochs(first_epoch, last_epoch, skip_steps), self.val_ds
@@ -356,7 +364,7 @@ class InputData:
         )
         if self.val_ds is None:
             return train, None
-        return train, strategy.distribute_datasets_from_function(self.val_batches)
+        return train, strategy.distribute_datasets_from_function(self._val_batches)
 
 
 def input_data_for(config, splits: Splits, global_batch_size: int, **overrides) -> InputData:
