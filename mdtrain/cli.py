@@ -150,6 +150,11 @@ def _add_train_keeping(t) -> None:
                    help=f"{', '.join(MONITOR_DISPLAYS)}: auto is a live dashboard in notebooks, "
                    "a text line per epoch elsewhere")  # fmt: skip
     t.add_argument("--json", action="store_true", help="end with one JSON summary line")
+    t.add_argument("--log-every", type=int,
+                   help="--strategy ps: steps per point of the loss curve")  # fmt: skip
+    t.add_argument("--mark-after", type=int, help="fault drill: create --mark-file after this "
+                   "many steps, for kill_worker_when (default: none)")  # fmt: skip
+    t.add_argument("--mark-file", help="fault drill: the file --mark-after creates (default: none)")
 
 
 def _add_launch(sub) -> None:
@@ -240,14 +245,20 @@ def _run_data(args) -> int:
     return 0
 
 
-def run_train(args: argparse.Namespace, callbacks: list | None = None) -> int:
+def run_train(args: argparse.Namespace) -> int:
     """`mdtrain train`: one `train(config)` of the parsed options; also a ps chief's run."""
     from mdtrain.training import TrainConfig, train
 
-    options = {k: v for k, v in vars(args).items() if k not in ("command", "json")}
+    drill = ("mark_after", "mark_file")
+    options = {k: v for k, v in vars(args).items() if k not in ("command", "json", *drill)}
     config = TrainConfig(**options)
     config.validate()
     import_tensorflow()
+    callbacks = []
+    if args.mark_after is not None and args.mark_file:
+        from mdtrain.ps import MarkAfter  # TensorFlow: the drill only
+
+        callbacks.append(MarkAfter(args.mark_after, args.mark_file))
     result = train(config, callbacks)
     if args.json and result.is_chief:  # one summary per job, not one per worker
         print(json.dumps(result.summary()), flush=True)

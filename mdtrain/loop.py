@@ -276,6 +276,12 @@ def metric_logs(trainer: keras.Model, prefix: str = "") -> dict[str, float]:
     return {prefix + m.name: float(m.result()) for m in trainer.metrics}
 
 
+def _distributed(strategy: tf.distribute.Strategy, dataset):
+    """`dataset` split over the replicas, unless it is already (or None)."""
+    done = dataset is None or isinstance(dataset, tf.distribute.DistributedDataset)
+    return dataset if done else strategy.experimental_distribute_dataset(dataset)
+
+
 def custom_fit(
     trainer: ExactTrainer,
     strategy: tf.distribute.Strategy,
@@ -299,10 +305,11 @@ def custom_fit(
         trainer: a compiled `ExactTrainer`, created under `strategy.scope()`.
         strategy: the strategy.
         train_ds: globally batched dataset holding epochs `initial_epoch`…`epochs - 1`
-            back to back (`InputData.train_epochs`).
+            back to back (`InputData.train_epochs`), or one distributed already
+            (`InputData.for_strategy`).
         epochs: index of the epoch to stop before.
         steps_per_epoch: steps in one epoch.
-        val_ds: globally batched validation data. Defaults to None.
+        val_ds: globally batched validation data, or distributed. Defaults to None.
         initial_epoch: first epoch to run. Defaults to 0.
         callbacks: Keras callbacks. Defaults to None.
         verbose: 0 silent, 1 progress bar, 2 one line per epoch. Defaults to 2.
@@ -310,9 +317,8 @@ def custom_fit(
     Returns:
         The `History` callback; `.history` maps metric names to per-epoch lists.
     """
-    train_dist = strategy.experimental_distribute_dataset(train_ds)
+    train_dist, val_dist = _distributed(strategy, train_ds), _distributed(strategy, val_ds)
     if val_ds is not None:
-        val_dist = strategy.experimental_distribute_dataset(val_ds)
         test_step = _compiled_step(strategy, trainer.test_step, val_dist.element_spec)
     history = keras.callbacks.History()
     cbs = keras.callbacks.CallbackList(

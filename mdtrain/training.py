@@ -117,22 +117,6 @@ def train(config: TrainConfig, callbacks: list | None = None) -> TrainResult:
     return result
 
 
-def input_data_for(config: TrainConfig, splits, global_batch_size: int, **overrides):
-    """The run's `InputData`: `config`'s seed, augmentation and cache, except `overrides`."""
-    from mdtrain.augment import AugmentPolicy
-    from mdtrain.pipeline import InputData
-
-    arguments = dict(
-        seed=config.seed,
-        augment=AugmentPolicy() if config.augment else None,
-        augment_in=config.augment_place or "pipeline",
-        cache=config.cache,
-        cache_dir=config.cache_dir,
-        deterministic=config.deterministic,
-    )
-    return InputData(splits, config.resolved_image_size, global_batch_size, **arguments | overrides)
-
-
 def new_trainer(config: TrainConfig, splits, augment=None, dtype=None):
     """`config`'s model in an uncompiled `ExactTrainer`, dtype policy `dtype`; in the scope."""
     from mdtrain.imbalance import class_weights_for
@@ -157,6 +141,7 @@ class _Run:
         import keras
 
         from mdtrain.data import load_splits
+        from mdtrain.pipeline import input_data_for
         from mdtrain.sources import ensure_demo_dataset
 
         self.strategy = distribute.make_strategy(config.strategy)  # first: multi-worker setup
@@ -359,13 +344,13 @@ class _Run:
             )  # fmt: skip
             self.ps_log |= self.ps_cluster
             return history_rows(hist)
-        train_ds = inputs.train_epochs(segment.first_epoch, segment.last_epoch)
-        if segment.skip_steps:  # their original step numbers keep their augmentation seeds
-            train_ds = train_ds.skip(segment.skip_steps)
+        epochs = (segment.first_epoch, segment.last_epoch, segment.skip_steps)
         if self.loop == "fit":  # shuffle=False: the dataset is shuffled already, per epoch
+            train_ds = inputs.train_epochs(*epochs)
             hist = self.trainer.fit(train_ds, validation_data=inputs.val_ds, shuffle=False, **run)
-        else:
-            hist = custom_fit(self.trainer, self.strategy, train_ds, val_ds=inputs.val_ds, **run)
+        else:  # several workers: each decodes only its replicas' slices
+            train_ds, val_ds = inputs.for_strategy(self.strategy, *epochs)
+            hist = custom_fit(self.trainer, self.strategy, train_ds, val_ds=val_ds, **run)
         return history_rows(hist)
 
 

@@ -235,6 +235,34 @@ def fake_gpus(monkeypatch):
 
 
 @pytest.mark.parametrize(
+    ("gpus", "implementation"),
+    [(["PhysicalDevice(GPU:0)"], "NCCL"), (["GPU:0", "GPU:1"], "NCCL"), ([], "RING")],
+)
+def test_multiworker_collectives_are_nccl_between_gpu_workers(monkeypatch, gpus, implementation):
+    import json
+
+    import tensorflow as tf
+
+    from mdtrain import distribute
+
+    made = {}
+    cluster = {"cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:2"]},
+               "task": {"type": "worker", "index": 0}}  # fmt: skip
+    monkeypatch.setenv("TF_CONFIG", json.dumps(cluster))
+    monkeypatch.setattr(tf.config, "list_physical_devices",
+                        lambda kind=None: list(gpus) if kind == "GPU" else ["CPU:0"])  # fmt: skip
+    monkeypatch.setattr(tf.distribute, "MultiWorkerMirroredStrategy",
+                        lambda **kwargs: made.update(kwargs) or "made")  # fmt: skip
+    assert distribute.make_strategy("multiworker") == "made"
+    chosen = made["communication_options"].implementation
+    assert chosen == getattr(tf.distribute.experimental.CommunicationImplementation, implementation)
+    assert made["cluster_resolver"].task_id == 0
+
+
+# --- mixed precision ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
     ("cards", "replicas", "policy", "line"),
     [
         ([T4, T4], ["GPU:0", "GPU:1"], "mixed_float16",  # Kaggle's 2xT4
@@ -440,10 +468,19 @@ class FakeNvmlError(Exception):
     pass
 
 
-def fake_pynvml(names=("Tesla T4", "Tesla T4"), no_power=(), init_error=None, calls=None):
-    """A `pynvml` module answering like nvidia-ml-py on the GPUs `names`."""
+def fake_pynvml(names=("Tesla T4", "Tesla T4"), no_power=(), init_error=None, calls=None,
+                migs=None):  # fmt: skip
+    """A `pynvml` module answering like nvidia-ml-py on the GPUs `names`.
+
+    `migs` maps the UUID of each MIG device to the index of its GPU.
+    """
     calls = [] if calls is None else calls
     uuids = [f"GPU-{i}{i}{i}-fake" for i in range(len(names))]
+
+    def mig_handle(uuid: bytes):
+        if uuid.decode() not in (migs or {}):
+            raise FakeNvmlError("Not Found")
+        return ("mig", migs[uuid.decode()])
 
     def init():
         calls.append("init")
@@ -463,6 +500,8 @@ def fake_pynvml(names=("Tesla T4", "Tesla T4"), no_power=(), init_error=None, ca
     module.nvmlDeviceGetCount = lambda: len(names)
     module.nvmlDeviceGetHandleByIndex = lambda i: i
     module.nvmlDeviceGetUUID = lambda h: uuids[h]
+    module.nvmlDeviceGetHandleByUUID = mig_handle
+    module.nvmlDeviceGetDeviceHandleFromMigDeviceHandle = lambda h: h[1]
     module.nvmlDeviceGetName = lambda h: names[h].encode()  # old releases return bytes
     module.nvmlDeviceGetUtilizationRates = lambda h: types.SimpleNamespace(gpu=40 + h, memory=5)
     module.nvmlMemory_v2 = 0x2000028
@@ -538,6 +577,27 @@ def test_reader_shows_the_gpus_cuda_shows(nvml, monkeypatch, visible, names):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
     reader = NvmlReader()
     assert reader.names == (names or ["GPU 1 (Tesla T4)", "GPU 0 (Tesla T4)"])
+    reader.close()
+
+
+A100_MIGS = {"MIG-5c1d-fake": 1, "MIG-9e2f-fake": 1, "MIG-0a0a-fake": 0}
+
+
+@pytest.mark.parametrize(
+    ("visible", "names"),
+    [
+        ("MIG-5c1d-fake", ["GPU 1 (A100)"]),  # a MIG device: the GPU it is part of
+        ("MIG-GPU-111-fake/1/0", ["GPU 1 (A100)"]),  # the form of drivers before R470
+        ("MIG-5c1d-fake,MIG-9e2f-fake", ["GPU 1 (A100)"]),  # two of one GPU: one row
+        ("MIG-0a0a-fake,MIG-5c1d-fake", ["GPU 0 (A100)", "GPU 1 (A100)"]),
+        ("MIG-0a0a-fake,MIG-dead-fake,1", ["GPU 0 (A100)"]),  # CUDA stops at an unknown one
+    ],
+)
+def test_reader_shows_the_gpus_of_mig_devices(nvml, monkeypatch, visible, names):
+    nvml(names=("A100", "A100"), migs=A100_MIGS)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    reader = NvmlReader()
+    assert reader.names == names
     reader.close()
 
 
