@@ -104,6 +104,9 @@ def _add_train(sub) -> None:
     t.add_argument("--loop",
                    help=f"{' or '.join(LOOPS)}: model.fit, or the custom strategy.run loop "
                    "(same weights)")  # fmt: skip
+    t.add_argument("--steps-per-execution", type=int, help="training steps per call of the "
+                   "compiled step; callbacks see every N-th (default: 16, or the largest "
+                   "divisor of --backup-every-steps up to 16)")  # fmt: skip
     t.add_argument("--mixed-precision", action="store_true",
                    help="float16 on GPUs (loss-scaled), bfloat16 elsewhere")  # fmt: skip
     t.add_argument("--no-augment", dest="augment", action="store_false", help="train without "
