@@ -16,9 +16,10 @@ in-memory batches under the same `MirroredStrategy`:
 Every round is one fresh process (virtual CPU devices are fixed when
 TensorFlow starts) that runs every variant, in an order rotated round by
 round: a warm-up `fit` of 16 steps (tracing), then a timed epoch of `--steps`
-steps. The result holds each variant's median steps/s, its spread, and the
-ratios to `keras_fit` computed round by round. A variant that fails records
-its error. `--before REF` also runs the package at an earlier git commit
+steps. The result holds each variant's median steps/s, its spread, its ratio
+to `keras_fit` computed round by round, and the process's CPU milliseconds per
+step (what the host spends, less moved by the machine's other tenants). A
+variant that fails records its error. `--before REF` also runs the package at an earlier git commit
 (from a temporary worktree), in rounds interleaved with the current one.
 
 Usage, from the repository root (about 5 minutes on 2 busy cores):
@@ -46,8 +47,8 @@ VARIANTS = ("keras_fit", "keras_fit_spe16", "exact_fit", "exact_fit_spe16", "exa
             "exact_custom_fit_spe16")  # fmt: skip
 
 
-def _variant(name: str, strategy, dataset, steps: int) -> float:
-    """Trains variant `name` for a warm-up and a timed epoch; returns its steps/s."""
+def _variant(name: str, strategy, dataset, steps: int) -> list[float]:
+    """Trains variant `name` for a warm-up and a timed epoch; returns steps/s, CPU ms per step."""
     import keras
 
     from mdtrain.loop import ExactTrainer, custom_fit
@@ -74,7 +75,7 @@ def _variant(name: str, strategy, dataset, steps: int) -> float:
         else:
             model.fit(dataset, epochs=1, steps_per_epoch=epoch_steps, callbacks=callbacks,
                       shuffle=False, verbose=0)  # fmt: skip
-    return steps / timer.seconds
+    return [steps / timer.seconds, 1e3 * timer.cpu_seconds / steps]
 
 
 def _Timer():
@@ -83,10 +84,11 @@ def _Timer():
 
     class Timer(keras.callbacks.Callback):
         def on_epoch_begin(self, epoch, logs=None):
-            self.start = time.perf_counter()
+            self.start = time.perf_counter(), time.process_time()
 
         def on_epoch_end(self, epoch, logs=None):
-            self.seconds = time.perf_counter() - self.start
+            self.seconds = time.perf_counter() - self.start[0]
+            self.cpu_seconds = time.process_time() - self.start[1]
 
     return Timer()
 
@@ -131,24 +133,25 @@ def _round(config: dict, source: Path) -> dict:
 
 
 def _summary(runs: dict[str, list]) -> dict:
-    """Median steps/s, spread and round-by-round ratio to `keras_fit` per variant; or its error."""
+    """Per variant: median steps/s, spread, CPU ms per step, ratio to `keras_fit` round by round."""
     result = {}
     for name, values in runs.items():
-        rates = [v for v in values if isinstance(v, float)]
-        if len(rates) < len(values):
-            result[name] = {"error": next(v for v in values if not isinstance(v, float))}
+        if any(isinstance(v, str) for v in values):
+            result[name] = {"error": next(v for v in values if isinstance(v, str))}
             continue
+        rates, cpu = [v[0] for v in values], [v[1] for v in values]
         base = runs.get(name.split("/")[0] + "/keras_fit") or runs["keras_fit"]
-        ratios = [r / b for r, b in zip(rates, base, strict=True) if isinstance(b, float)]
+        ratios = [r / b[0] for r, b in zip(rates, base, strict=True)]
         result[name] = {"steps_per_sec": round(statistics.median(rates), 1),
                         "spread": [round(min(rates), 1), round(max(rates), 1)],
-                        "vs_keras_fit": round(statistics.median(ratios), 2) if ratios else None,
-                        "vs_keras_fit_spread": [round(min(ratios), 2), round(max(ratios), 2)]
-                        if ratios else None}  # fmt: skip
+                        "cpu_ms_per_step": round(statistics.median(cpu), 2),
+                        "vs_keras_fit": round(statistics.median(ratios), 2),
+                        "vs_keras_fit_spread": [round(min(ratios), 2),
+                                                round(max(ratios), 2)]}  # fmt: skip
     return result
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=320, help="timed steps per variant")
     parser.add_argument("--repeats", type=int, default=3, help="rounds, variants interleaved")
@@ -157,7 +160,7 @@ def main() -> None:
     parser.add_argument("--output", default=str(REPO / "benchmarks" / "step_overhead.json"))
     parser.add_argument("--json", action="store_true", help="last line: the result as JSON")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.worker:
         print(json.dumps(worker(json.loads(args.worker))), flush=True)
         return

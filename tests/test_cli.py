@@ -139,6 +139,7 @@ def _tree(root, spec):
         (["frobnicate"], "invalid choice"),
         (["launch", "--workers", "0", "--", "--epochs", "1"], "--workers 0: pass 1 or more"),
         (["train", "--backup-every-steps", "0"], "--backup-every-steps 0: must be at least 1"),
+        (["train", "--steps-per-execution", "0"], "--steps-per-execution 0: must be at least 1"),
     ],
 )
 def test_bad_options_fail_fast_in_one_line(args, fragment):
