@@ -107,6 +107,9 @@ def _add_train(sub) -> None:
     t.add_argument("--loop",
                    help=f"{' or '.join(LOOPS)}: model.fit, or the custom strategy.run loop "
                    "(same weights)")  # fmt: skip
+    t.add_argument("--steps-per-execution", type=int, help="training steps per call of the "
+                   "compiled step; callbacks see every N-th (default: 16, or the largest "
+                   "divisor of --backup-every-steps up to 16)")  # fmt: skip
     t.add_argument("--mixed-precision", action="store_true", help="bfloat16; float16 with "
                    "loss scaling on GPUs below compute capability 8.0 (T4, V100)")  # fmt: skip
     t.add_argument("--no-augment", dest="augment", action="store_false", help="train without "

@@ -86,6 +86,7 @@ class TrainConfig:
     monitor: str = "auto"
     verbose: int = 2
     log_every: int = 10
+    steps_per_execution: int | None = None
 
     def validate(self) -> None:
         """Raises `UsageError` for any value that cannot work, before TensorFlow starts."""
@@ -126,6 +127,8 @@ class TrainConfig:
              "must be in [0, 1) (0 means no validation)"),
             ("seed", 0 <= self.seed < 2**32, "must be in [0, 2**32)"),
             ("log_every", self.log_every >= 1, "must be at least 1"),
+            ("steps_per_execution", self.steps_per_execution is None
+             or self.steps_per_execution >= 1, "must be at least 1"),
             # What parameter-server training lacks: its updates are asynchronous, its
             # workers share no disk cache, and its loop has no backups or second phase.
             ("backup_dir", not ps or self.backup_dir is None, not_ps),
@@ -157,6 +160,12 @@ class TrainConfig:
     def resolved_image_size(self) -> int:
         """`image_size`, or the model's own size when it is None."""
         return self.image_size or (32 if self.model == "small-cnn" else 224)
+
+    @property
+    def resolved_steps_per_execution(self) -> int:
+        """`steps_per_execution`, or 16, or the largest divisor of `backup_every_steps` up to 16."""
+        every = self.backup_every_steps or 16
+        return self.steps_per_execution or max(n for n in range(1, 17) if every % n == 0)
 
     @property
     def augment_place(self) -> str | None:

@@ -308,7 +308,10 @@ class _Run:
             self.schedule = segment.schedule()
             # Under parameter servers a float rate, which the coordinator sets (`mdtrain.ps`).
             rate = segment.learning_rate if self.loop == "ps" else self.schedule
-            self.trainer.compile(optimizer=keras.optimizers.Adam(rate))
+            self.trainer.compile(
+                optimizer=keras.optimizers.Adam(rate),
+                steps_per_execution=self.config.resolved_steps_per_execution,
+            )
 
     def _run_segment(self, segment, point, callbacks: list, history) -> list[dict[str, float]]:
         """Runs one segment of the plan after the epochs of `history`; returns its rows."""

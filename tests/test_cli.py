@@ -146,6 +146,7 @@ def _tree(root, spec):
             "--warmup-epochs 3: must be in [0, 3)",
         ),
         (["train", "--batch-norm", "sync"], "--batch-norm sync: choose one of exact, synchronized"),
+        (["train", "--steps-per-execution", "0"], "--steps-per-execution 0: must be at least 1"),
     ],
 )
 def test_bad_options_fail_fast_in_one_line(args, fragment):

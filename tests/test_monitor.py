@@ -188,6 +188,31 @@ def test_meter_handles_steps_per_execution():
     assert meter.current_rates().step_time_s == pytest.approx(0.1)  # the live view too
 
 
+def test_meter_reads_the_steps_sizes_and_waits_only_with_its_rates():
+    """mdtrain's step hands over scalar tensors: read on the host later, not after each call."""
+
+    class Lazy:  # a scalar tensor's part the meter may use
+        reads = 0
+
+        def __init__(self, value):
+            self.value = value
+
+        def __float__(self):
+            Lazy.reads += 1
+            return self.value
+
+    clock = FakeClock()
+    meter = ThroughputMeter(100, warmup_steps=1, clock=clock)
+    meter.epoch_begin()
+    for batch, images in ((3, 400.0), (7, 400.0), (11, 130.0)):  # 4 steps per call
+        clock.advance(0.4)
+        meter.batch_end(batch, Lazy(images), Lazy(0.1))
+    assert Lazy.reads == 0
+    rates = meter.epoch_rates()
+    assert rates.steps == 8 and rates.images == 530  # the first call (tracing) is left out
+    assert rates.input_wait_share == pytest.approx(0.25)
+
+
 def test_meter_epoch_gap_is_not_step_time():
     clock = FakeClock()
     meter = ThroughputMeter(10, warmup_steps=0, clock=clock)
