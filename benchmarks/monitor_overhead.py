@@ -63,16 +63,18 @@ def callback_cost_s() -> float:
 
 
 def chart_render_s() -> float:
-    """Seconds for one chart redraw with a full history of points."""
-    from mdtrain.monitor.dashboard import Chart
+    """Seconds for one live chart redraw with an hour of history (the sampler's whole)."""
+    from mdtrain.monitor import DeviceSample, Sample
+    from mdtrain.monitor.summary import Chart
 
-    util = {"GPU 0": 90.0, "GPU 1": 85.0, "CPU": 40.0}
-    points = [(i * 0.25, 1000.0 + i, util) for i in range(600)]
+    devices = tuple(DeviceSample(n, "gpu", 90.0) for n in ("GPU 0", "GPU 1"))
+    samples = [Sample(i * 0.5, (*devices, DeviceSample("CPU", "cpu", 40.0))) for i in range(7200)]
+    rates = [(i * 0.5, 1000.0 + i) for i in range(7200)]
     chart = Chart()
-    chart.render(points)  # warm matplotlib's font cache
+    chart.render(rates, samples, 0.0)  # warm matplotlib's font cache
     start = time.perf_counter()
     for _ in range(10):
-        chart.render(points)
+        chart.render(rates, samples, 0.0)
     return (time.perf_counter() - start) / 10
 
 

@@ -255,7 +255,7 @@ class Backup(keras.callbacks.Callback):
             save(self.backup_dir, self.model, point, metrics)
 
     def on_epoch_begin(self, epoch, logs=None):
-        self._epoch = epoch
+        self._epoch, self._step = epoch, self.step_offset
         if self.step_offset and self.resumed_from is not None:
             if not _restore_metrics(self.model, self.resumed_from) and self.write:
                 print(f"backup: {self.resumed_from.name} holds no training metrics (an older "
@@ -263,10 +263,13 @@ class Backup(keras.callbacks.Callback):
                       flush=True)  # fmt: skip
 
     def on_train_batch_end(self, batch, logs=None):
-        step = self.step_offset + batch + 1
+        # With N steps per call (`steps_per_execution`) a batch ends every N steps: the backup
+        # comes at the first end at or past each multiple of `every_steps`, where it stands.
+        before, self._step = self._step, self.step_offset + batch + 1
         # The epoch's last step is saved by on_epoch_end, after validation.
-        if self.every_steps and step % self.every_steps == 0 and step < self.steps_per_epoch:
-            self._save(self._epoch, step)
+        every = self.every_steps
+        if every and self._step // every > before // every and self._step < self.steps_per_epoch:
+            self._save(self._epoch, self._step)
 
     def on_epoch_end(self, epoch, logs=None):
         self.step_offset = 0  # only the first epoch of a resumed fit starts part-way

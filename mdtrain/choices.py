@@ -72,6 +72,8 @@ LOOPS = ("fit", "custom")
 AUGMENT_IN = ("auto", "pipeline", "model")
 CLASS_WEIGHTS = ("auto", "none")
 MONITOR_DISPLAYS = ("auto", "widget", "text", "none")
+#: `--batch-norm`: mdtrain's exact layer, Keras' synchronized one, or per replica (`mdtrain.norm`).
+BATCH_NORMS = ("exact", "synchronized", "local")
 
 
 def check_model_name(name: str) -> None:

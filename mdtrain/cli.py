@@ -70,6 +70,7 @@ def _add_data(sub) -> None:
 
 
 def _add_train(sub) -> None:
+    from mdtrain import choices
     from mdtrain.choices import AUGMENT_IN, CLASS_WEIGHTS, LITE0, LOOPS, MODELS, STRATEGIES
     from mdtrain.training import TrainConfig  # no TensorFlow at import
 
@@ -99,25 +100,33 @@ def _add_train(sub) -> None:
                    help="then epochs of fine-tuning the top of a pretrained base")  # fmt: skip
     t.add_argument("--learning-rate", type=float,
                    help="peak learning rate (cosine decay to a tenth)")  # fmt: skip
+    t.add_argument("--warmup-epochs", type=int, help="first rise linearly from 0 to "
+                   "--learning-rate over this many epochs (fewer than --epochs)")  # fmt: skip
     t.add_argument("--strategy",
                    help=f"{', '.join(STRATEGIES)} (N virtual CPU replicas)")  # fmt: skip
     t.add_argument("--loop",
                    help=f"{' or '.join(LOOPS)}: model.fit, or the custom strategy.run loop "
                    "(same weights)")  # fmt: skip
-    t.add_argument("--mixed-precision", action="store_true",
-                   help="float16 on GPUs (loss-scaled), bfloat16 elsewhere")  # fmt: skip
+    t.add_argument("--steps-per-execution", type=int, help="training steps per call of the "
+                   "compiled step; callbacks see every N-th (default: 16, or the largest "
+                   "divisor of --backup-every-steps up to 16)")  # fmt: skip
+    t.add_argument("--mixed-precision", action="store_true", help="bfloat16; float16 with "
+                   "loss scaling on GPUs below compute capability 8.0 (T4, V100)")  # fmt: skip
     t.add_argument("--no-augment", dest="augment", action="store_false", help="train without "
                    "random flips, rotations and zooms")  # fmt: skip
     t.add_argument("--augment-in", help=f"{', '.join(AUGMENT_IN)}: augment in the input "
                    "pipeline (CPU) or in the training step (each replica's device); auto: "
                    "in the training step")  # fmt: skip
     t.add_argument("--dropout", type=float, help="dropout before the last layer")
+    t.add_argument("--batch-norm", help=f"{', '.join(choices.BATCH_NORMS)}: global statistics "
+                   "(N replicas = 1), Keras' synchronized or per-replica layer")  # fmt: skip
     t.add_argument("--class-weight", help=f"{' or '.join(CLASS_WEIGHTS)}: "
                    "auto weighs the loss to balance classes")  # fmt: skip
     t.add_argument("--seed", type=int,
                    help="seed of weights, shuffling and augmentation")  # fmt: skip
-    t.add_argument("--deterministic", action="store_true",
-                   help="bit-reproducible runs (slower)")  # fmt: skip
+    t.add_argument("--deterministic", action="store_true", help="bit-reproducible runs: "
+                   "slower, on GPUs more (deterministic, slower cuDNN algorithms); refused "
+                   "before training where TensorFlow has no deterministic op")  # fmt: skip
     _add_train_keeping(t)
     # `TrainConfig` holds each training default once: the options use and show its values.
     t.set_defaults(**{f.name: f.default for f in dataclasses.fields(TrainConfig)})
@@ -144,6 +153,11 @@ def _add_train_keeping(t) -> None:
                    help=f"{', '.join(MONITOR_DISPLAYS)}: auto is a live dashboard in notebooks, "
                    "a text line per epoch elsewhere")  # fmt: skip
     t.add_argument("--json", action="store_true", help="end with one JSON summary line")
+    t.add_argument("--log-every", type=int,
+                   help="--strategy ps: steps per point of the loss curve")  # fmt: skip
+    t.add_argument("--mark-after", type=int, help="fault drill: create --mark-file after this "
+                   "many steps, for kill_worker_when (default: none)")  # fmt: skip
+    t.add_argument("--mark-file", help="fault drill: the file --mark-after creates (default: none)")
 
 
 def _add_launch(sub) -> None:
@@ -234,14 +248,20 @@ def _run_data(args) -> int:
     return 0
 
 
-def run_train(args: argparse.Namespace, callbacks: list | None = None) -> int:
+def run_train(args: argparse.Namespace) -> int:
     """`mdtrain train`: one `train(config)` of the parsed options; also a ps chief's run."""
     from mdtrain.training import TrainConfig, train
 
-    options = {k: v for k, v in vars(args).items() if k not in ("command", "json")}
+    drill = ("mark_after", "mark_file")
+    options = {k: v for k, v in vars(args).items() if k not in ("command", "json", *drill)}
     config = TrainConfig(**options)
     config.validate()
     import_tensorflow()
+    callbacks = []
+    if args.mark_after is not None and args.mark_file:
+        from mdtrain.ps import MarkAfter  # TensorFlow: the drill only
+
+        callbacks.append(MarkAfter(args.mark_after, args.mark_file))
     result = train(config, callbacks)
     if args.json and result.is_chief:  # one summary per job, not one per worker
         print(json.dumps(result.summary()), flush=True)

@@ -61,20 +61,53 @@ class ExactFitHooks:
                 return super()._maybe_symbolic_build(iterator, data_batch)
             self._symbolic_build()
 
-    # Keras' train function runs each step in a `tf.while_loop` over `get_next_as_optional`,
-    # which rounds some sums differently; through the trainer's own step `fit` ends with the
-    # weights of `custom_fit` (which multi-worker runs must use, keras-team/keras#20585) bit
-    # for bit. `make_train_function` is public but no documented hook: checked at import.
+    # Through the trainer's compiled steps `fit` ends with the weights of `custom_fit` (which
+    # multi-worker runs must use, keras-team/keras#20585) bit for bit. `make_train_function`
+    # is public but no documented hook: checked at import. Keras' last call of an epoch runs
+    # `steps_per_execution` steps even past `steps_per_epoch`, into the next epoch's batches
+    # (`InputData.train_epochs`): each call here stops at the epoch's end.
     def make_train_function(self, force=False):
         if self.train_function is not None and not force:
             return self.train_function
 
         def train_function(iterator):
-            self.train_one_step(iterator)  # StopIteration at the end ends the epoch
-            return self.get_metrics_result()
+            epoch_steps, done = getattr(self, "_epoch_position", (None, 0))
+            steps = min(self.steps_per_execution, (epoch_steps or 1 << 62) - done)
+            self._epoch_position = (epoch_steps, (done + steps) % epoch_steps if epoch_steps else 0)
+            return self.train_steps(iterator, steps)  # StopIteration at the end ends the epoch
 
         self.train_function = train_function
         return train_function
+
+    def fit(self, *args, steps_per_epoch=None, **kwargs):
+        self._epoch_position = (steps_per_epoch, 0)  # steps per epoch, steps done in this one
+        return super().fit(*args, steps_per_epoch=steps_per_epoch, **kwargs)
+
+
+def skip_together(optimizer, gradients: list) -> list:
+    """`gradients`, made non-finite on every replica when any replica's are not finite.
+
+    Keras 3.15's `LossScaleOptimizer._tf_apply` (MirroredStrategy's merge call) reads replica
+    0's finite flag only ("`grads` is all-reduced", but the inner optimizer sums them later):
+    an overflow on another replica reaches the weights as NaN; without a merge call
+    (multi-worker) each replica decides alone. No upstream issue yet: docs/numerics.md has
+    the reproduction. An all-reduced flag, and a NaN added to one gradient where it is set,
+    make Keras' own skip-and-halve run on every replica. Identity without loss scaling.
+    """
+    if not isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        return gradients
+    context = tf.distribute.get_replica_context()
+    unfinished = 1.0 - tf.cast(optimizer.check_finite(gradients), tf.float32)
+    if context is not None and context.num_replicas_in_sync > 1:
+        unfinished = context.all_reduce(tf.distribute.ReduceOp.SUM, unfinished)
+    first = next(i for i, g in enumerate(gradients) if g is not None)
+    poison = tf.where(unfinished > 0, float("nan"), 0.0)
+    return [g + tf.cast(poison, g.dtype) if i == first else g for i, g in enumerate(gradients)]
+
+
+def op_determinism_enabled() -> bool:
+    """Whether op determinism is on (TensorFlow exports only the switch): no clocks then."""
+    return tf_config.is_op_determinism_enabled()
 
 
 def fresh_collective_keys() -> None:

@@ -67,12 +67,14 @@ class TrainConfig:
     epochs: int = 15
     fine_tune_epochs: int = 0
     learning_rate: float = 2e-3
+    warmup_epochs: int = 0
     strategy: str = "auto"
     loop: str = "fit"
     mixed_precision: bool = False
     augment: bool = True
     augment_in: str = "auto"
     dropout: float = 0.2
+    batch_norm: str = "exact"
     class_weight: str = "none"
     seed: int = 0
     deterministic: bool = False
@@ -84,6 +86,7 @@ class TrainConfig:
     monitor: str = "auto"
     verbose: int = 2
     log_every: int = 10
+    steps_per_execution: int | None = None
 
     def validate(self) -> None:
         """Raises `UsageError` for any value that cannot work, before TensorFlow starts."""
@@ -103,7 +106,8 @@ class TrainConfig:
     def _rules(self) -> list[tuple[str, bool, str]]:
         """Every other check, one row each: (argument, whether it holds, what is wrong)."""
         options = {"loop": c.LOOPS, "augment_in": c.AUGMENT_IN, "class_weight": c.CLASS_WEIGHTS,
-                   "cache": c.CACHE_MODES, "monitor": c.MONITOR_DISPLAYS}  # fmt: skip
+                   "cache": c.CACHE_MODES, "monitor": c.MONITOR_DISPLAYS,
+                   "batch_norm": c.BATCH_NORMS}  # fmt: skip
         smallest = c.smallest_image_size(self.model)
         pretrained = "needs a pretrained base: "
         ps = self.strategy == c.PS_STRATEGY
@@ -117,10 +121,14 @@ class TrainConfig:
             ("epochs", self.epochs >= 1, "must be at least 1"),
             ("fine_tune_epochs", self.fine_tune_epochs >= 0, "must be at least 0"),
             ("learning_rate", self.learning_rate > 0, "must be positive"),
+            ("warmup_epochs", 0 <= self.warmup_epochs < self.epochs,
+             f"must be in [0, {self.epochs}): the warm-up is part of the training epochs"),
             ("validation_split", 0 <= self.validation_split < 1,
              "must be in [0, 1) (0 means no validation)"),
             ("seed", 0 <= self.seed < 2**32, "must be in [0, 2**32)"),
             ("log_every", self.log_every >= 1, "must be at least 1"),
+            ("steps_per_execution", self.steps_per_execution is None
+             or self.steps_per_execution >= 1, "must be at least 1"),
             # What parameter-server training lacks: its updates are asynchronous, its
             # workers share no disk cache, and its loop has no backups or second phase.
             ("backup_dir", not ps or self.backup_dir is None, not_ps),
@@ -152,6 +160,12 @@ class TrainConfig:
     def resolved_image_size(self) -> int:
         """`image_size`, or the model's own size when it is None."""
         return self.image_size or (32 if self.model == "small-cnn" else 224)
+
+    @property
+    def resolved_steps_per_execution(self) -> int:
+        """`steps_per_execution`, or 16, or the largest divisor of `backup_every_steps` up to 16."""
+        every = self.backup_every_steps or 16
+        return self.steps_per_execution or max(n for n in range(1, 17) if every % n == 0)
 
     @property
     def augment_place(self) -> str | None:

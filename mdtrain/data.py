@@ -156,7 +156,7 @@ def _stat_key(path: str) -> list[int] | None:
 
 
 #: Version of the decode-check manifest; a manifest of another version is scanned again.
-_MANIFEST_VERSION = 2
+_MANIFEST_VERSION = 3  # 3: the reasons name WebP
 
 
 def find_undecodable(files: list[str]) -> list[SkippedFile]:
@@ -221,7 +221,7 @@ def _decode_error(path: str) -> str:
     except OSError as e:
         return f"cannot be read: {e.strerror}"
     if sniff_format(path) is None:
-        return "not a JPEG, PNG, GIF or BMP image"
+        return "not a JPEG, PNG, GIF, BMP or WebP image"
     try:
         decode_image(tf.io.read_file(os.fsencode(path)))
     except Exception as e:  # TensorFlow raises several types; any of them means "unreadable"

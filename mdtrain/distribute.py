@@ -63,6 +63,17 @@ def _cpu_runtime(replicas: int) -> None:
         tf.config.threading.set_intra_op_parallelism_threads(max(1, (cores or 1) // replicas))
 
 
+def grow_gpu_memory() -> list:
+    """Sets memory growth on every GPU (memory taken as needed, not all up front); returns them."""
+    gpus = tf.config.list_physical_devices("GPU")
+    for gpu in gpus:
+        # RuntimeError: devices already initialised; growth was set before, or cannot be now.
+        # ValueError: the GPU was split into logical GPUs, which have fixed memory limits.
+        with contextlib.suppress(RuntimeError, ValueError):
+            tf.config.experimental.set_memory_growth(gpu, True)
+    return gpus
+
+
 def configure_devices(strategy: str = "auto", cpu_replicas: int = 2) -> None:
     """Prepares devices for `strategy`: GPU memory growth, virtual CPU replicas.
 
@@ -72,6 +83,11 @@ def configure_devices(strategy: str = "auto", cpu_replicas: int = 2) -> None:
     (`TF_CPU_ALLOCATOR_USE_BFC`, unless already set) and one share of the
     cores per replica for intra-op threads (unless already set). TensorFlow
     cannot undo them in a running process.
+
+    If you choose GPUs with `CUDA_VISIBLE_DEVICES`, also set
+    `CUDA_DEVICE_ORDER=PCI_BUS_ID` (`mdtrain launch` does for its workers):
+    CUDA otherwise numbers the GPUs fastest first, and on a machine with
+    mixed cards index 1 may then not be `nvidia-smi`'s (and the monitor's) GPU 1.
 
     Args:
         strategy: strategy name (see `make_strategy`). Defaults to `"auto"`.
@@ -84,11 +100,7 @@ def configure_devices(strategy: str = "auto", cpu_replicas: int = 2) -> None:
         UsageError: for an unknown name, or virtual CPUs asked for too late.
     """
     check_strategy_name(strategy)
-    gpus = tf.config.list_physical_devices("GPU")
-    for gpu in gpus:  # take memory as needed rather than all of it up front
-        # RuntimeError: devices already initialised; growth was set before, or cannot be now
-        with contextlib.suppress(RuntimeError):
-            tf.config.experimental.set_memory_growth(gpu, True)
+    gpus = grow_gpu_memory()
     m = _CPU.match(strategy)
     replicas = int(m.group(1)) if m else 1
     if m:
@@ -166,7 +178,7 @@ def make_strategy(strategy: str = "auto") -> tf.distribute.Strategy:
         tf.tpu.experimental.initialize_tpu_system(resolver)
         return tf.distribute.TPUStrategy(resolver)
     if strategy == "mirrored":
-        return tf.distribute.MirroredStrategy()
+        return _mirrored_over_gpus(gpus)
     if strategy == "one":
         return tf.distribute.OneDeviceStrategy("/gpu:0" if gpus else "/cpu:0")
     n = int(_CPU.match(strategy).group(1))
@@ -176,6 +188,17 @@ def make_strategy(strategy: str = "auto") -> tf.distribute.Strategy:
             f"('cpu:{n}') before TensorFlow starts"
         )
     return tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(n)])
+
+
+def _mirrored_over_gpus(gpus: list) -> tf.distribute.Strategy:
+    """MirroredStrategy over every GPU; not NCCL where logical GPUs share a card.
+
+    NCCL refuses two ranks on one device ("NCCL: invalid usage", seen on an H100 split
+    in two with `set_logical_device_configuration`), the default for GPUs.
+    """
+    if len(gpus) > len(tf.config.list_physical_devices("GPU")):
+        return tf.distribute.MirroredStrategy(cross_device_ops=tf.distribute.ReductionToOneDevice())
+    return tf.distribute.MirroredStrategy()
 
 
 def _multiworker_strategy() -> tf.distribute.Strategy:
@@ -193,7 +216,13 @@ def _multiworker_strategy() -> tf.distribute.Strategy:
             "--strategy multiworker needs a cluster: set TF_CONFIG (see `mdtrain launch`) "
             "or run under Slurm"
         )
-    return tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver)
+    # NCCL between workers with GPUs (AUTO would leave it to the runtime); RING on CPUs.
+    kind = tf.distribute.experimental.CommunicationImplementation
+    nccl = kind.NCCL if tf.config.list_physical_devices("GPU") else kind.RING
+    options = tf.distribute.experimental.CommunicationOptions(implementation=nccl)
+    return tf.distribute.MultiWorkerMirroredStrategy(
+        cluster_resolver=resolver, communication_options=options
+    )
 
 
 def resolve_global_batch_size(
@@ -216,7 +245,8 @@ def shard_by_batch(dataset: tf.data.Dataset) -> tf.data.Dataset:
     """`dataset` as training reads it: the DATA auto-shard policy, no autotuning model.
 
     Every worker builds the same global batches as one machine; sharding by file would need
-    as many files as workers and change the batches.
+    as many files as workers and change the batches (`InputData.for_strategy` decodes
+    only each worker's slices).
     """
     options = tf.data.Options()
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import os
 
-#: The format each image extension claims; a file with another extension is ignored.
-_EXTENSION_FORMAT = {".jpg": "jpeg", ".jpeg": "jpeg", ".png": "png", ".gif": "gif", ".bmp": "bmp"}
+#: The format each image extension (without its dot) claims; files with another are ignored.
+_EXTENSION_FORMAT = dict(jpg="jpeg", jpeg="jpeg", png="png", gif="gif", bmp="bmp", webp="webp")
 _MAGIC = (
     (b"\xff\xd8\xff", "jpeg"),
     (b"\x89PNG\r\n\x1a\n", "png"),
@@ -22,7 +22,7 @@ _MAGIC = (
 
 def extension_format(path: str | os.PathLike) -> str | None:
     """The format a file's extension claims (`"jpeg"`, `"png"`, ...), or None."""
-    return _EXTENSION_FORMAT.get(os.path.splitext(str(path))[1].lower())
+    return _EXTENSION_FORMAT.get(os.path.splitext(str(path))[1].lower()[1:])
 
 
 def image_files(folder: str | os.PathLike) -> list[str]:
@@ -39,9 +39,11 @@ def image_files(folder: str | os.PathLike) -> list[str]:
 
 
 def sniff_format(path: str | os.PathLike) -> str | None:
-    """The image format (`"jpeg"`, `"png"`, ...) a file's first 8 bytes announce, or None."""
+    """The image format (`"jpeg"`, `"png"`, ...) a file's first 12 bytes announce, or None."""
     with open(path, "rb") as f:
-        head = f.read(8)
+        head = f.read(12)
+    if head[:4] == b"RIFF" and head[8:] == b"WEBP":
+        return "webp"
     for magic, name in _MAGIC:
         if head.startswith(magic):
             return name
@@ -49,7 +51,7 @@ def sniff_format(path: str | os.PathLike) -> str | None:
 
 
 def decode_image(contents):
-    """JPEG, PNG, GIF (first frame) or BMP bytes, by content, to a (H, W, 3) `uint8` tensor."""
+    """JPEG, PNG, GIF (first frame), BMP or WebP bytes, by content, to a (H, W, 3) uint8 tensor."""
     import tensorflow as tf
 
     image = tf.io.decode_image(contents, channels=3, expand_animations=False)

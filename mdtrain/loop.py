@@ -17,14 +17,13 @@ which divides a partial batch by the full batch size. See docs/numerics.md.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import keras
 import tensorflow as tf
 
 from mdtrain.augment import apply_packed
-from mdtrain.compat import ExactFitHooks
+from mdtrain.compat import ExactFitHooks, op_determinism_enabled, skip_together
 from mdtrain.norm import all_reduce_sum, example_weights
 
 
@@ -58,19 +57,19 @@ def replica_loss(per_example_loss: tf.Tensor, local_count=None, *, global_count=
     return tf.reduce_sum(per_example_loss) / count
 
 
-def pad_empty_slice(images: tf.Tensor, labels: tf.Tensor):
-    """`(images, labels, 0/1 weights, real count)`; an empty slice gets a zero example of weight 0.
+def pad_empty_slice(images: tf.Tensor, labels: tf.Tensor, *more: tf.Tensor):
+    """`(images, labels, *more, 0/1 weights, real count)`; an empty slice gets one zero example.
 
     The replica still joins the step's all-reduces; oneDNN CPU convolutions mis-shape an
-    empty batch (tensorflow/tensorflow#112639) and its batch statistics would be NaN.
+    empty batch (tensorflow/tensorflow#112639), its batch statistics would be NaN, and the
+    fused augmentation (`more`: its transforms) would compile a zero-size XLA program.
+    The padded example has weight 0.
     """
     count = tf.shape(labels)[0]
     pad = tf.cast(tf.equal(count, 0), tf.int32)
-    zeros = tf.zeros(tf.concat([[pad], tf.shape(images)[1:]], 0), images.dtype)
-    images = tf.concat([images, zeros], 0)
-    labels = tf.concat([labels, tf.zeros([pad], labels.dtype)], 0)
-    weights = tf.concat([tf.ones([count]), tf.zeros([pad])], 0)
-    return images, labels, weights, count
+    padded = [tf.concat([t, tf.zeros(tf.concat([[pad], tf.shape(t)[1:]], 0), t.dtype)], 0)
+              for t in (images, labels, *more)]  # fmt: skip
+    return (*padded, tf.concat([tf.ones([count]), tf.zeros([pad])], 0), count)
 
 
 def _compiled_step(strategy: tf.distribute.Strategy, step_fn, element_spec):
@@ -89,6 +88,39 @@ def _compiled_step(strategy: tf.distribute.Strategy, step_fn, element_spec):
     return step
 
 
+def _compiled_steps(strategy: tf.distribute.Strategy, step_fn, results, timed: bool):
+    """Up to `limit` steps of `step_fn` on a distributed iterator's batches, as one graph.
+
+    Returns the steps run (0: none left), their global examples, the seconds spent waiting for
+    batches (0 without `timed`: op determinism refuses clocks) and the metrics' results, as
+    tensors: nothing waits on the host between steps. No batch is fetched past the last step.
+    """
+    clock = tf.timestamp if timed else lambda: tf.constant(0.0, tf.float64)
+
+    def fetch(iterator):
+        start = clock()
+        batch = iterator.get_next_as_optional()
+        with tf.control_dependencies([batch.has_value()]):
+            return batch, clock() - start
+
+    @tf.function
+    def steps(iterator, limit):
+        def step(done, examples, waited, batch):
+            count = strategy.experimental_local_results(strategy.run(step_fn, (batch.get_value(),)))
+            batch, wait = tf.cond(done + 1 < limit, lambda: fetch(iterator),
+                                  lambda: (batch, tf.constant(0.0, tf.float64)))  # fmt: skip
+            return done + 1, examples + count[0], waited + wait, batch
+
+        def more(done, examples, waited, batch):
+            return tf.logical_and(done < limit, batch.has_value())
+
+        batch, waited = fetch(iterator)
+        done, examples, waited, _ = tf.while_loop(more, step, (0, 0.0, waited, batch))
+        return done, examples, waited, results()
+
+    return steps
+
+
 def build_optimizer(trainer: keras.Model) -> None:
     """Creates the optimizer's variables now, under the trainer's strategy.
 
@@ -102,20 +134,24 @@ def build_optimizer(trainer: keras.Model) -> None:
 
 @dataclass(frozen=True)
 class StepStats:
-    """What the last training step consumed: global examples, and seconds spent waiting for them."""
+    """What the last call's steps consumed: global examples, and seconds spent waiting for them.
 
-    batch_size: int
-    input_wait_s: float
+    Numbers or scalar tensors, read only when needed (`ThroughputMeter`: with its rates).
+    """
+
+    batch_size: object
+    input_wait_s: object
 
 
 class ExactTrainer(ExactFitHooks, keras.Model):
     """Wraps a classifier with train and test steps that are exact under a strategy.
 
     `fit` and `custom_fit` run every training step through the same compiled
-    step, so they end with the same weights bit for bit.
-    After each step `last_step` holds its real global batch size (all-reduced
-    from the data, right for a partial batch and after a mid-epoch resume)
-    and the seconds the loop waited for the batch; `mdtrain.monitor` reads it.
+    steps (`steps_per_execution` per call), so they end with the same weights
+    bit for bit. After each call `last_step` holds its real global examples
+    (right for a partial batch and after a mid-epoch resume) and the seconds
+    it waited for batches; `mdtrain.monitor` reads it. Under mixed float16 an
+    overflow on any replica skips the step on all (`compat.skip_together`).
 
     Args:
         net: the classifier (images in, class probabilities out).
@@ -144,33 +180,30 @@ class ExactTrainer(ExactFitHooks, keras.Model):
         self.loss_tracker = keras.metrics.Mean(name="loss")
         self.accuracy_metric = keras.metrics.SparseCategoricalAccuracy(name="accuracy")
         self.last_step: StepStats | None = None
-        self._steps: dict[str, object] = {}  # compiled steps by element spec
+        self._steps = None  # the compiled steps (`_compiled_steps`), made on first use
 
     def compile(self, optimizer="rmsprop", **kwargs):
         """Keras' `compile`, refusing what the exact steps would silently ignore.
 
         The loss and metrics are built in (per-example sparse cross-entropy,
-        loss and accuracy); every step runs on its own (no
-        `steps_per_execution`); XLA is off under `tf.distribute`.
+        loss and accuracy); XLA is off under `tf.distribute`.
+        `steps_per_execution=N` runs N steps per call of the compiled steps,
+        as in Keras: callbacks see every N-th batch.
 
         Raises:
             ValueError: for `loss`, `metrics`, `weighted_metrics`,
-                `loss_weights`, `steps_per_execution` > 1 or `jit_compile=True`.
+                `loss_weights` or `jit_compile=True`.
         """
-        ignored = [k for k in ("loss", "metrics", "weighted_metrics", "loss_weights")
-                   if kwargs.get(k) is not None]  # fmt: skip
-        if kwargs.get("steps_per_execution", 1) != 1:
-            ignored.append("steps_per_execution")
-        if kwargs.get("jit_compile") is True:
-            ignored.append("jit_compile")
+        ignored = [k for k in ("loss", "metrics", "weighted_metrics", "loss_weights", "jit_compile")
+                   if kwargs.get(k) not in (None, False, "auto")]  # fmt: skip
         if ignored:
             raise ValueError(
                 f"ExactTrainer.compile: {', '.join(ignored)} cannot be set; the trainer "
-                "has its own loss and metrics and runs one compiled step at a time"
+                "has its own loss and metrics, and XLA cannot compile its all-reduces"
             )
         kwargs["jit_compile"] = False
         super().compile(optimizer=optimizer, **kwargs)
-        self._steps = {}
+        self._steps = None
 
     def call(self, images, training=False):
         return self.net(images, training=training)
@@ -179,19 +212,20 @@ class ExactTrainer(ExactFitHooks, keras.Model):
     def metrics(self):
         return [self.loss_tracker, self.accuracy_metric]
 
-    def _update_metrics(self, labels, probabilities, losses, weights) -> dict:
+    def _update_metrics(self, labels, probabilities, losses, weights) -> None:
         self.loss_tracker.update_state(losses, sample_weight=weights)
         self.accuracy_metric.update_state(labels, probabilities, sample_weight=weights)
-        return {m.name: m.result() for m in self.metrics}
 
     def train_step(self, data):
         """One replica's training step (Keras' hook); returns the metrics' results as logs."""
-        return self._counted_train_step(data)[1]
+        self._counted_train_step(data)
+        return self.get_metrics_result()
 
     def _counted_train_step(self, data):
-        """`train_step` that also returns the step's global example count, for `last_step`."""
+        """`train_step` that returns the step's global example count, for `last_step`."""
         global_count, outputs = self._descend(data)
-        return global_count, self._update_metrics(*outputs)
+        self._update_metrics(*outputs)
+        return global_count
 
     def train_step_sums(self, data):
         """One replica's step that returns its metric sums instead of updating the metrics.
@@ -215,7 +249,7 @@ class ExactTrainer(ExactFitHooks, keras.Model):
 
     def _descend(self, data):
         """Applies one replica's gradients; returns the global count and the metrics' inputs."""
-        images, labels, weights, count = pad_empty_slice(*self._augmented(data))
+        images, labels, weights, count = self._padded(data)
         global_count = global_example_count(count)
         with tf.GradientTape() as tape, example_weights(weights):
             probabilities = self.net(images, training=True)
@@ -228,52 +262,65 @@ class ExactTrainer(ExactFitHooks, keras.Model):
             # LossScaleOptimizer, which then unscales in apply().
             scaled = self.optimizer.scale_loss(loss)
         variables = self.net.trainable_variables
-        gradients = tape.gradient(scaled, variables)
+        gradients = skip_together(self.optimizer, tape.gradient(scaled, variables))
         self.optimizer.apply(gradients, variables)  # all-reduces (sums) across replicas
         return global_count, (labels, probabilities, losses, weights)
 
-    def _augmented(self, data):
-        """`(images, labels)`, the images augmented here when the batch carries transforms."""
+    def _padded(self, data):
+        """`pad_empty_slice` of the batch, its images augmented here if it carries transforms."""
         if len(data) == 2:
-            return data
+            return pad_empty_slice(*data)
         if self.augment is None:
             raise ValueError(
                 "ExactTrainer: the batches carry transforms (InputData(augment_in='model')) "
                 "but the trainer has no policy to apply them: pass augment=the policy"
             )
-        images, labels, transforms = data
-        return apply_packed(images, self.augment, transforms), labels
+        images, labels, transforms, weights, count = pad_empty_slice(*data)  # never 0 for XLA
+        return apply_packed(images, self.augment, transforms), labels, weights, count
 
-    def train_one_step(self, iterator) -> StepStats:
-        """Fetches one distributed batch from `iterator` and trains on it.
+    def train_steps(self, iterator, steps: int | None = None) -> dict:
+        """Trains on up to `steps` distributed batches from `iterator`, in one call.
+
+        Args:
+            iterator: an iterator over a distributed dataset of this strategy.
+            steps: the most steps to run. Defaults to None (`steps_per_execution`).
+
+        Returns:
+            The metrics' results (tensors), as Keras logs.
 
         Raises:
-            StopIteration: when `iterator` is exhausted.
+            StopIteration: when `iterator` was exhausted before the first step.
         """
-        key = repr(iterator.element_spec)
-        if key not in self._steps:
+        if self._steps is None:
             build_optimizer(self)
-            self._steps[key] = _compiled_step(
-                self.distribute_strategy, self._counted_train_step, iterator.element_spec
-            )
-        start = time.perf_counter()
-        batch = next(iterator)
-        waited = time.perf_counter() - start
-        global_count, _ = self._steps[key](batch)
-        self.last_step = StepStats(int(global_count), waited)
-        return self.last_step
+            self._timed = not op_determinism_enabled()
+            self._steps = _compiled_steps(self.distribute_strategy, self._counted_train_step,
+                                          self.get_metrics_result, self._timed)  # fmt: skip
+        limit = tf.constant(steps or self.steps_per_execution, tf.int32)
+        done, examples, waited, logs = self._steps(iterator, limit)
+        if int(done) == 0:  # a host counter: no wait for the replicas' devices
+            raise StopIteration
+        self.last_step = StepStats(examples, waited if self._timed else None)
+        return logs
 
     def test_step(self, data):
         # Evaluation never augments: transforms drawn for training are left unused.
         images, labels, weights, _ = pad_empty_slice(*data[:2])
         probabilities = self.net(images, training=False)
         losses = self.per_example_loss(labels, probabilities)  # no class weights
-        return self._update_metrics(labels, probabilities, losses, weights)
+        self._update_metrics(labels, probabilities, losses, weights)
+        return self.get_metrics_result()
 
 
 def metric_logs(trainer: keras.Model, prefix: str = "") -> dict[str, float]:
     """The trainer's metrics as Keras logs, `{prefix + name: value}` (`"val_"` for validation)."""
     return {prefix + m.name: float(m.result()) for m in trainer.metrics}
+
+
+def _distributed(strategy: tf.distribute.Strategy, dataset):
+    """`dataset` split over the replicas, unless it is already (or None)."""
+    done = dataset is None or isinstance(dataset, tf.distribute.DistributedDataset)
+    return dataset if done else strategy.experimental_distribute_dataset(dataset)
 
 
 def custom_fit(
@@ -290,8 +337,8 @@ def custom_fit(
 ) -> keras.callbacks.History:
     """Trains with a hand-written `strategy.run` loop; same numerics as `trainer.fit`.
 
-    Each step fetches one distributed batch and runs the trainer's compiled
-    step on every replica (`ExactTrainer.train_one_step`). Validation runs
+    Each call runs the trainer's compiled steps (`ExactTrainer.train_steps`),
+    `steps_per_execution` of them, never past an epoch's end. Validation runs
     distributed too. Keras callbacks (checkpoints, early stopping, backups,
     mdtrain's monitor) work as with `fit`.
 
@@ -299,10 +346,11 @@ def custom_fit(
         trainer: a compiled `ExactTrainer`, created under `strategy.scope()`.
         strategy: the strategy.
         train_ds: globally batched dataset holding epochs `initial_epoch`…`epochs - 1`
-            back to back (`InputData.train_epochs`).
+            back to back (`InputData.train_epochs`), or one distributed already
+            (`InputData.for_strategy`).
         epochs: index of the epoch to stop before.
         steps_per_epoch: steps in one epoch.
-        val_ds: globally batched validation data. Defaults to None.
+        val_ds: globally batched validation data, or distributed. Defaults to None.
         initial_epoch: first epoch to run. Defaults to 0.
         callbacks: Keras callbacks. Defaults to None.
         verbose: 0 silent, 1 progress bar, 2 one line per epoch. Defaults to 2.
@@ -310,9 +358,8 @@ def custom_fit(
     Returns:
         The `History` callback; `.history` maps metric names to per-epoch lists.
     """
-    train_dist = strategy.experimental_distribute_dataset(train_ds)
+    train_dist, val_dist = _distributed(strategy, train_ds), _distributed(strategy, val_ds)
     if val_ds is not None:
-        val_dist = strategy.experimental_distribute_dataset(val_ds)
         test_step = _compiled_step(strategy, trainer.test_step, val_dist.element_spec)
     history = keras.callbacks.History()
     cbs = keras.callbacks.CallbackList(
@@ -330,13 +377,12 @@ def custom_fit(
     for epoch in range(initial_epoch, epochs):
         trainer.reset_metrics()
         cbs.on_epoch_begin(epoch)
-        for step in range(steps_per_epoch):
+        for step in range(0, steps_per_epoch, trainer.steps_per_execution):
+            steps = min(trainer.steps_per_execution, steps_per_epoch - step)  # not past the epoch
             cbs.on_train_batch_begin(step)
-            trainer.train_one_step(iterator)
-            # Reading the metrics is a cross-worker reduction under multi-worker
-            # training, and each eager one starts threads: only a progress bar needs
-            # them every step.
-            cbs.on_train_batch_end(step, metric_logs(trainer) if verbose == 1 else None)
+            batch_logs = trainer.train_steps(iterator, steps)
+            # Callbacks read logs on the host: only a progress bar needs them every call.
+            cbs.on_train_batch_end(step + steps - 1, batch_logs if verbose == 1 else None)
         logs = metric_logs(trainer)
         if val_ds is not None:  # one distributed pass, adding its `val_` metrics to `logs`
             trainer.reset_metrics()

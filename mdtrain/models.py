@@ -15,43 +15,44 @@ import warnings
 import keras
 from keras import layers
 
+from mdtrain import choices
 from mdtrain.choices import EFFICIENTNETS, LITE0, check_dropout, check_image_size, check_model_name
 from mdtrain.errors import UsageError
 from mdtrain.lite0 import WEIGHTS_FILE_KIND, imagenet_classifier
-from mdtrain.norm import ExactBatchNormalization
+from mdtrain.norm import ExactBatchNormalization, swap_batch_norm
 
 BASE_NAME = "base"
 _V2_FILE_KIND = "a Keras weights file of this model without its top (…_notop.h5)"
 
 
-def classification_head(x, num_classes: int, dropout: float, name: str = "head"):
+def classification_head(x, num_classes: int, dropout: float, name: str = "head", dtype=None):
     """Dropout, a dense layer, and a softmax layer `probabilities` in float32 at least.
 
     float16 would lose small probabilities; under a float64 dtype policy (as
-    `tests/numerics_harness.py` trains) the softmax is float64.
+    `tests/numerics_harness.py` trains) the softmax is float64. `dtype`: the
+    other layers' dtype policy (None: Keras' global one).
     """
+    dtype = keras.dtype_policies.get(dtype)
     if dropout:
-        x = layers.Dropout(dropout, name=f"{name}_dropout")(x)
-    x = layers.Dense(num_classes, name=f"{name}_dense")(x)
-    dtype = "float64" if keras.config.dtype_policy().compute_dtype == "float64" else "float32"
-    return layers.Activation("softmax", dtype=dtype, name="probabilities")(x)
+        x = layers.Dropout(dropout, name=f"{name}_dropout", dtype=dtype)(x)
+    x = layers.Dense(num_classes, name=f"{name}_dense", dtype=dtype)(x)
+    out = "float64" if dtype.compute_dtype == "float64" else "float32"
+    return layers.Activation("softmax", dtype=out, name="probabilities")(x)
 
 
-def _small_cnn(image_size: int, num_classes: int, dropout: float) -> keras.Model:
-    """A four-block CNN that trains in minutes on a CPU.
-
-    Its BatchNormalization uses the whole global batch's statistics, so N replicas
-    train exactly the weights one device trains (two small all-reduces per layer and step).
-    """
+def _small_cnn(image_size: int, num_classes: int, dropout: float, dtype) -> keras.Model:
+    """A four-block CNN that trains in minutes on a CPU, with exact BatchNormalization."""
     inputs = keras.Input((image_size, image_size, 3), name="image")
-    x = layers.Rescaling(1 / 255.0)(inputs)
+    x = layers.Rescaling(1 / 255.0, dtype=dtype)(inputs)
     for i, filters in enumerate((32, 64, 128, 128)):
-        x = layers.Conv2D(filters, 3, padding="same", use_bias=False, name=f"conv{i}")(x)
-        x = ExactBatchNormalization(momentum=0.9, name=f"norm{i}")(x)
-        x = layers.Activation("relu")(x)
-        x = layers.MaxPooling2D()(x)
-    x = layers.GlobalAveragePooling2D()(x)
-    return keras.Model(inputs, classification_head(x, num_classes, dropout), name="small_cnn")
+        x = layers.Conv2D(filters, 3, padding="same", use_bias=False, name=f"conv{i}",
+                          dtype=dtype)(x)  # fmt: skip
+        x = ExactBatchNormalization(momentum=0.9, name=f"norm{i}", dtype=dtype)(x)
+        x = layers.Activation("relu", dtype=dtype)(x)
+        x = layers.MaxPooling2D(dtype=dtype)(x)
+    x = layers.GlobalAveragePooling2D(dtype=dtype)(x)
+    head = classification_head(x, num_classes, dropout, dtype=dtype)
+    return keras.Model(inputs, head, name="small_cnn")
 
 
 def resolve_weights(weights: str | None, file_kind: str) -> str | None:
@@ -121,6 +122,8 @@ def build_model(
     image_size: int,
     weights: str | None = "none",
     dropout: float = 0.2,
+    batch_norm: str = "exact",
+    dtype=None,
 ) -> keras.Model:
     """Builds a classifier by name: one of `mdtrain train --model`'s choices.
 
@@ -142,6 +145,10 @@ def build_model(
             Keras weights file of `mdtrain.lite0.imagenet_classifier`).
             Ignored by `small-cnn`. Defaults to `"none"`.
         dropout: dropout before the last layer. Defaults to 0.2.
+        batch_norm: `exact`, `synchronized` or `local` (`mdtrain.norm`), where
+            BatchNorm trains: small-cnn, Lite0 from scratch. Defaults to `"exact"`.
+        dtype: the dtype policy (name or `keras.DTypePolicy`) of every layer
+            but the float32 softmax. Defaults to None: Keras' global policy.
 
     Returns:
         An uncompiled Keras model taking 0–255 images and giving class
@@ -158,13 +165,33 @@ def build_model(
     check_model_name(name)
     check_dropout(dropout)
     check_image_size(name, image_size)
+    choices.check(batch_norm in choices.BATCH_NORMS, "batch_norm", batch_norm,
+                  f"choose one of {', '.join(choices.BATCH_NORMS)}")  # fmt: skip
+    dtype = keras.dtype_policies.get(dtype)
     if name == "small-cnn":
-        return _small_cnn(image_size, num_classes, dropout)
-    weights = resolve_weights(weights, WEIGHTS_FILE_KIND if name == LITE0 else _V2_FILE_KIND)
-    if name == LITE0:  # offline ImageNet weights; see mdtrain.lite0
-        base = imagenet_classifier(image_size, weights).get_layer(BASE_NAME)
+        net = _small_cnn(image_size, num_classes, dropout, dtype)
     else:
-        base = _efficientnetv2_base(name, image_size, weights)
+        weights = resolve_weights(weights, WEIGHTS_FILE_KIND if name == LITE0 else _V2_FILE_KIND)
+        net = _efficientnet(name, num_classes, image_size, weights, dropout, dtype)
+    if batch_norm != "exact" and (name == "small-cnn" or weights is None and name == LITE0):
+        synchronized = batch_norm == "synchronized"  # Keras' layer, where BatchNorm trains
+        net = swap_batch_norm(net, layers.BatchNormalization, synchronized=synchronized)
+    return net
+
+
+def _efficientnet(name, num_classes, image_size, weights, dropout, dtype) -> keras.Model:
+    """`build_model`'s EfficientNets: a base named `"base"`, and the head."""
+    # `keras.applications` builders, and Lite0's, take no `dtype`: their layers read Keras'
+    # global policy (some when built: `Normalization`), set for the build only (per thread).
+    previous = keras.config.dtype_policy()
+    keras.config.set_dtype_policy(dtype)
+    try:
+        if name == LITE0:  # offline ImageNet weights; see mdtrain.lite0
+            base = imagenet_classifier(image_size, weights).get_layer(BASE_NAME)
+        else:
+            base = _efficientnetv2_base(name, image_size, weights)
+    finally:
+        keras.config.set_dtype_policy(previous)
     inputs = keras.Input((image_size, image_size, 3), name="image")
     if weights is not None or name != LITE0:
         # training=False keeps BatchNormalization in inference mode even after the
@@ -175,7 +202,7 @@ def build_model(
         x = base(inputs, training=False)
     else:
         x = base(inputs)
-    head = classification_head(x, num_classes, dropout)
+    head = classification_head(x, num_classes, dropout, dtype=dtype)
     return keras.Model(inputs, head, name=name.replace("-", "_"))
 
 

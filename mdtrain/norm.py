@@ -1,17 +1,26 @@
 """Batch normalization whose statistics are those of the whole global batch.
 
 Keras' `BatchNormalization` normalises each replica's slice on its own.
-Here the per-channel sums are all-reduced in two passes (the mean, then the
-squared deviations), so the forward pass, its gradient (TensorFlow all-reduces
-the gradient of an all-reduce) and the moving statistics are one device's, up
-to the order of float additions.
+Here each channel's count, sum and sum of squares travel in ONE all-reduce
+(its gradient is one more: TensorFlow all-reduces the gradient of an
+all-reduce), so the forward pass, its gradient and the moving statistics are
+one device's, up to the order of float additions.
 
 Two details make it exact where Keras' `synchronized=True` is not:
-- the variance is the mean squared deviation, not E[x²] − E[x]², which loses
-  digits when the mean is large;
+- the sums are of `x - K`, K the layer's moving mean (the same on every
+  replica): E[(x-K)²] - E[x-K]² is the variance for any K, and float32 keeps
+  its digits while `(mean - K) / std` stays well below 100 (K = 0, Keras'
+  E[x²] - E[x]², loses them for a large mean);
 - examples of weight 0 do not count. A replica whose slice of a partial batch
   is empty trains on one all-zero dummy example (`mdtrain.loop.pad_empty_slice`);
   `example_weights` tells every layer of the forward pass to leave it out.
+
+The `batch_norm` choice (`build_model`, `mdtrain train --batch-norm`), in
+all-reduces per layer and training step on N > 1 replicas: `exact`, this layer,
+2 (1 forward), N replicas ≡ 1 with partial batches and empty slices;
+`synchronized`, Keras' layer with `synchronized=True`, 6 (3 forward), global
+statistics but unshifted, an empty slice's dummy example counted; `local`,
+Keras' layer, 0, each replica's own statistics (N replicas train otherwise).
 """
 
 from __future__ import annotations
@@ -45,20 +54,24 @@ def all_reduce_sum(values):
     return ctx.all_reduce(tf.distribute.ReduceOp.SUM, values)
 
 
-def global_moments(x: tf.Tensor, weights: tf.Tensor | None = None):
-    """Per-channel `(mean, biased variance)` of `x` over every replica's examples of weight 1."""
-    axes = list(range(len(x.shape) - 1))
-    if weights is None:
-        weights = tf.ones(tf.shape(x)[:1], x.dtype)
+def global_moments(x: tf.Tensor, weights: tf.Tensor | None = None, shift=None):
+    """Per-channel `(mean, biased variance)` of `x` over every replica's examples of weight 1.
+
+    One all-reduce; `shift`, per channel and the same on every replica (default 0), is
+    subtracted before summing, keeping the variance's digits where it is near the mean.
+    """
+    axes, channels = list(range(len(x.shape) - 1)), int(x.shape[-1])
+    weights = tf.ones(tf.shape(x)[:1], x.dtype) if weights is None else tf.cast(weights, x.dtype)
     per_example = tf.cast(tf.reduce_prod(tf.shape(x)[1:-1]), x.dtype)
-    weights = tf.cast(weights, x.dtype)
-    w = tf.reshape(weights, [-1] + [1] * (len(x.shape) - 1))
-    local = [tf.reduce_sum(weights) * per_example, tf.reduce_sum(x * w, axes)]
-    count, total = all_reduce_sum(local)
+    shift = tf.zeros([channels], x.dtype) if shift is None else tf.cast(shift, x.dtype)
+    centred = x - tf.stop_gradient(shift)  # the moments do not depend on it
+    weighted = centred * tf.reshape(weights, [-1] + [1] * (len(x.shape) - 1))
+    local = [[tf.reduce_sum(weights) * per_example], tf.reduce_sum(weighted, axes),
+             tf.reduce_sum(weighted * centred, axes)]  # fmt: skip
+    count, sums, squares = tf.split(all_reduce_sum(tf.concat(local, 0)), [1, channels, channels])
     count = tf.maximum(count, 1.0)
-    mean = total / count
-    squares = all_reduce_sum(tf.reduce_sum(tf.square(x - mean) * w, axes))
-    return mean, squares / count
+    offset = sums / count
+    return shift + offset, tf.maximum(squares / count - tf.square(offset), 0.0)
 
 
 @keras.saving.register_keras_serializable(package="mdtrain")
@@ -68,8 +81,8 @@ class ExactBatchNormalization(keras.layers.BatchNormalization):
     A drop-in replacement (same arguments and weights, saved and loaded as
     itself). In training it normalises with the mean and variance of the
     whole global batch, over all replicas and workers, with one all-reduce
-    per pass; outside a strategy, or on one replica, it computes the same
-    formula with no communication. Renormalisation and masks are not
+    per pass (module doc); outside a strategy, or on one replica, it computes
+    the same formula with no communication. Renormalisation and masks are not
     supported.
 
     Example:
@@ -92,30 +105,23 @@ class ExactBatchNormalization(keras.layers.BatchNormalization):
         # Statistics in float32 at least (float16 would lose them), float64 in float64.
         dtype = "float64" if self.compute_dtype == "float64" else "float32"
         x = ops.cast(inputs, dtype)
-        mean, variance = global_moments(x, getattr(_local, "weights", None))
-        momentum = self.momentum
-        self.moving_mean.assign(self.moving_mean * momentum + mean * (1.0 - momentum))
-        self.moving_variance.assign(self.moving_variance * momentum + variance * (1.0 - momentum))
-        outputs = ops.batch_normalization(
-            x,
-            mean,
-            variance,
-            axis=-1,
-            offset=ops.cast(self.beta, dtype) if self.center else None,
-            scale=ops.cast(self.gamma, dtype) if self.scale else None,
-            epsilon=self.epsilon,
-        )
+        mean, variance = global_moments(x, getattr(_local, "weights", None), self.moving_mean)
+        for moving, batch in ((self.moving_mean, mean), (self.moving_variance, variance)):
+            moving.assign(moving * self.momentum + batch * (1.0 - self.momentum))
+        offset = ops.cast(self.beta, dtype) if self.center else None
+        scale = ops.cast(self.gamma, dtype) if self.scale else None
+        outputs = ops.batch_normalization(x, mean, variance, -1, offset, scale, self.epsilon)
         return ops.cast(outputs, self.compute_dtype)
 
 
-def swap_batch_norm(model: keras.Model, layer_class: type) -> keras.Model:
-    """A copy of functional or sequential `model`, same weights, batch norm of `layer_class`."""
+def swap_batch_norm(model: keras.Model, layer_class: type, **config) -> keras.Model:
+    """A copy of functional or sequential `model`, same weights, batch norm `layer_class`."""
 
     def clone(layer):
         if isinstance(layer, keras.Model):
-            return swap_batch_norm(layer, layer_class)
+            return swap_batch_norm(layer, layer_class, **config)
         if isinstance(layer, keras.layers.BatchNormalization):
-            return layer_class.from_config(layer.get_config())
+            return layer_class.from_config(layer.get_config() | config)  # e.g. synchronized
         return layer.__class__.from_config(layer.get_config())
 
     copy = keras.models.clone_model(model, clone_function=clone)

@@ -2,8 +2,9 @@
 
 Images stay uint8 after decoding (a quarter of float32's memory and
 host-to-device traffic) and are batched by the GLOBAL batch size, the last
-partial batch kept: the strategy splits each batch across replicas, and
-`shard_by_batch` gives each worker its slice. Notebook 02 builds the same
+partial batch kept: the strategy splits each batch across replicas. Under
+several workers each reads the file names of every global batch and decodes
+only its replicas' slices (`InputData.for_strategy`). Notebook 02 builds the same
 pipeline stage by stage in plain tf.data.
 """
 
@@ -21,10 +22,10 @@ from typing import TextIO
 import numpy as np
 import tensorflow as tf
 
-from mdtrain.augment import AugmentPolicy, augment_batch, draw_packed
+from mdtrain.augment import AugmentPolicy, apply_packed, augment_batch, draw_packed
 from mdtrain.choices import CACHE_MODES  # the values of `cache=` and of `mdtrain train --cache`
 from mdtrain.data import ImageList, Splits, cache_folder, tf_paths
-from mdtrain.distribute import shard_by_batch
+from mdtrain.distribute import BatchGeometry, shard_by_batch
 from mdtrain.errors import UsageError
 from mdtrain.images import load_image
 
@@ -167,14 +168,13 @@ class InputData:
             # shuffle of the cache) depend on (seed, epoch) only.
             ds = _decode(self._first_order, self.image_size, deterministic=True)
             self._train_cached = ds.cache(self._cache_file(self.splits.train, "train"))
-        self.val_ds = None
+        self.val_ds, self._val_source = None, None
         if self.num_val:
-            val = _decode(_file_names(self.splits.val), self.image_size, self.deterministic)
+            self._val_source = _file_names(self.splits.val)  # decoded and cached with a cache
             if self.cache_mode != "none":
-                val = val.cache(self._cache_file(self.splits.val, "val"))
-            self.val_ds = _set_options(
-                val.batch(self.global_batch_size).prefetch(AUTOTUNE), self.deterministic
-            )
+                val = _decode(self._val_source, self.image_size, self.deterministic)
+                self._val_source = val.cache(self._cache_file(self.splits.val, "val"))
+            self.val_ds = self._val_batches()
 
     def _cache_file(self, images: ImageList, split: str) -> str:
         """The argument of `Dataset.cache`: "" (memory), or a disk prefix this process fills."""
@@ -217,7 +217,7 @@ class InputData:
     def steps_per_epoch(self) -> int:
         return math.ceil(self.num_train / self.global_batch_size)
 
-    def epoch_batches(self, epoch: int) -> tf.data.Dataset:
+    def epoch_batches(self, epoch: int, context=None) -> tf.data.Dataset:
         """The training batches of one epoch; their order depends only on (seed, epoch).
 
         Epoch 0 decodes the files in a seeded shuffle of their names (and
@@ -230,6 +230,8 @@ class InputData:
 
         Args:
             epoch: the epoch's number, from 0.
+            context: a `tf.distribute.InputContext`, for the per-replica
+                batches of its worker's replicas. Defaults to None.
 
         Returns:
             A dataset of `(images, labels)` batches, or of `(images, labels,
@@ -241,6 +243,8 @@ class InputData:
             # After a disk cache, a buffer of 1,024 decoded images: a bounded memory cost.
             buffer = 1024 if self.cache_mode == "disk" else self.num_train
             ds = self._shuffled(ds, epoch, buffer)
+        if context is not None:
+            return self._replica_slices(ds, self.num_train, cached, epoch, context)
         if not cached:
             ds = _decode(ds, self.image_size, self.deterministic)
         ds = ds.batch(self.global_batch_size)
@@ -260,7 +264,47 @@ class InputData:
 
         return batches.enumerate().map(augment, num_parallel_calls=AUTOTUNE)
 
-    def train_epochs(self, first_epoch: int = 0, last_epoch: int = 1) -> tf.data.Dataset:
+    def _replica_slices(self, records, count: int, decoded: bool, epoch: int | None, context):
+        """The worker's per-replica batches from an epoch's `count` records (`for_strategy`)."""
+        batch, total, local = self.global_batch_size, context.num_replicas_in_sync, _local(context)
+        first = context.input_pipeline_id * local
+
+        def part(step, records):  # the worker's part of a batch; each record's step and place
+            size = tf.shape(records[-1], out_type=tf.int64)[0]
+            per = (size + total - 1) // total
+            lo, hi = tf.minimum(first * per, size), tf.minimum((first + local) * per, size)
+            tags = (tf.fill([hi - lo], step), tf.range(lo, hi), tf.fill([hi - lo], size))
+            return (*tags, *(x[lo:hi] for x in records))
+
+        def decode(step, at, size, path, label):
+            return step, at, size, load_image(path, self.image_size), label
+
+        ours = records.batch(batch).enumerate().map(part)
+        if not decoded:  # image by image, in parallel, in order: the slices are cut by count
+            ours = ours.unbatch().map(decode, num_parallel_calls=AUTOTUNE, deterministic=True)
+            ours = ours.batch(1)
+        geometry = BatchGeometry(count, batch, total)
+        slices = geometry.split(batch)[first : first + local] * (geometry.steps - 1)
+        slices += geometry.split(geometry.last_batch_size)[first : first + local]
+        augment, side = (self.augment if epoch is not None else None), self.image_size
+
+        def finish(steps, places, sizes, images, labels):
+            if augment is None:
+                return images, labels
+            # The step's transforms (draw_packed reads the shape only), each image its row.
+            step, size = (tf.concat([v, [0]], 0)[0] for v in (steps, sizes))  # empty: 0, 0
+            seed = tf.stack([tf.cast(self.seed, tf.int64), _epoch_seed(step, epoch)])
+            drawn = draw_packed(tf.zeros([size, side, side, 0], tf.uint8), augment, seed)
+            packed = tf.gather(drawn, places)
+            if self.augment_in == "model":
+                return images, labels, packed
+            return apply_packed(images, augment, packed), labels
+
+        return ours.rebatch(slices).map(finish, num_parallel_calls=AUTOTUNE)
+
+    def train_epochs(
+        self, first_epoch: int = 0, last_epoch: int = 1, skip_steps: int = 0, context=None
+    ) -> tf.data.Dataset:
         """Training batches of epochs `first_epoch`…`last_epoch - 1` back to back, prefetched.
 
         Each epoch is its own shuffled pass over the (cached) images, chained
@@ -270,14 +314,75 @@ class InputData:
         Args:
             first_epoch: the first epoch's number. Defaults to 0.
             last_epoch: one past the last epoch's number. Defaults to 1.
+            skip_steps: steps of the first epoch to leave out (a run resumed
+                part-way); the later steps keep their augmentation. Defaults to 0.
+            context: a `tf.distribute.InputContext`, for the per-replica batches
+                of its worker's replicas (`for_strategy`). Defaults to None.
 
         Returns:
             The batches (see `epoch_batches`), prefetched.
         """
-        ds = self.epoch_batches(first_epoch)
+        ds = self.epoch_batches(first_epoch, context)
         for epoch in range(first_epoch + 1, last_epoch):
-            ds = ds.concatenate(self.epoch_batches(epoch))
+            ds = ds.concatenate(self.epoch_batches(epoch, context))
+        if skip_steps:  # each step is one element per local replica
+            ds = ds.skip(skip_steps * (1 if context is None else _local(context)))
         return _set_options(ds.prefetch(AUTOTUNE), self.deterministic)
+
+    def _val_batches(self, context=None) -> tf.data.Dataset | None:
+        """The validation batches (`val_ds`), or with `context` its worker's per-replica ones."""
+        if self._val_source is None:
+            return None
+        ds, decoded = self._val_source, self.cache_mode != "none"
+        if context is not None:
+            ds = self._replica_slices(ds, self.num_val, decoded, None, context)
+        else:
+            ds = ds if decoded else _decode(ds, self.image_size, self.deterministic)
+            ds = ds.batch(self.global_batch_size)
+        return _set_options(ds.prefetch(AUTOTUNE), self.deterministic)
+
+    def for_strategy(self, strategy, first_epoch: int, last_epoch: int, skip_steps: int = 0):
+        """`(train, val)` as `custom_fit` takes them under `strategy`; see `train_epochs`.
+
+        Under `MultiWorkerMirroredStrategy` each worker decodes and augments only its
+        replicas' slices of each global batch (`distribute_datasets_from_function`), each
+        image with the transform drawn for its place in the batch: the batches, pixels and
+        numerics of one process. (With a cache each worker decodes every image once.)
+
+        Args:
+            strategy: the run's `tf.distribute.Strategy`.
+            first_epoch, last_epoch, skip_steps: as in `train_epochs`.
+
+        Returns:
+            `(train, val)`: distributed datasets under several workers, else the
+            global batches; `val` None without validation images.
+        """
+        if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+            return self.train_epochs(first_epoch, last_epoch, skip_steps), self.val_ds
+        train = strategy.distribute_datasets_from_function(
+            lambda context: self.train_epochs(first_epoch, last_epoch, skip_steps, context)
+        )
+        if self.val_ds is None:
+            return train, None
+        return train, strategy.distribute_datasets_from_function(self._val_batches)
+
+
+def input_data_for(config, splits: Splits, global_batch_size: int, **overrides) -> InputData:
+    """The `InputData` of a `TrainConfig`: its seed, augmentation and cache, except `overrides`."""
+    arguments = dict(
+        seed=config.seed,
+        augment=AugmentPolicy() if config.augment else None,
+        augment_in=config.augment_place or "pipeline",
+        cache=config.cache,
+        cache_dir=config.cache_dir,
+        deterministic=config.deterministic,
+    )
+    return InputData(splits, config.resolved_image_size, global_batch_size, **arguments | overrides)
+
+
+def _local(context) -> int:
+    """Replicas of the worker of `context` (an `InputContext`)."""
+    return context.num_replicas_in_sync // context.num_input_pipelines
 
 
 #: The disk caches this process fills, each with its lock, held until the process exits.

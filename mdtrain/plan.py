@@ -36,6 +36,16 @@ class Segment:
     starts_phase: bool  # a fresh optimizer (and, fine-tuning, the base unfrozen) first
     restore: bool  # load the backup first
     restore_optimizer: bool  # with its optimizer state (saved in this phase)
+    warmup_steps: int = 0  # the phase's first steps, from 0 up to `learning_rate`
+
+    def schedule(self):
+        """The rate by step: linear from 0 over `warmup_steps`, then cosine decay to a tenth."""
+        import keras
+
+        return keras.optimizers.schedules.CosineDecay(
+            0.0, self.decay_steps - self.warmup_steps, alpha=0.1,
+            warmup_target=self.learning_rate, warmup_steps=self.warmup_steps,
+        )  # fmt: skip
 
 
 def plan_run(
@@ -44,14 +54,15 @@ def plan_run(
     learning_rate: float,
     steps_per_epoch: int,
     resume: ResumePoint | None = None,
+    warmup_epochs: int = 0,
 ) -> list[Segment]:
     """The segments of a run from the resume position (default: the start); empty when done."""
     resume = resume or ResumePoint()
-    phases = [(0, epochs, learning_rate)]  # (first epoch, last epoch, learning rate)
+    phases = [(0, epochs, learning_rate, warmup_epochs)]  # (first, last epoch, rate, warm-up)
     if fine_tune_epochs:  # fine-tuning steps are a tenth of the training steps
-        phases.append((epochs, epochs + fine_tune_epochs, learning_rate * 0.1))
+        phases.append((epochs, epochs + fine_tune_epochs, learning_rate * 0.1, 0))
     segments: list[Segment] = []
-    for phase, (first, last, lr) in enumerate(phases):
+    for phase, (first, last, lr, warmup) in enumerate(phases):
         if last <= resume.epoch:
             continue  # finished before the resume point
         start = max(first, resume.epoch)
@@ -65,5 +76,6 @@ def plan_run(
                     phase, begin, end, skip_steps, lr, (last - first) * steps_per_epoch,
                     starts_phase=i == 0, restore=restore,
                     restore_optimizer=restore and resume.phase == phase,
+                    warmup_steps=warmup * steps_per_epoch,
                 ))  # fmt: skip
     return segments

@@ -1,25 +1,95 @@
-"""The mixed-precision choice: which Keras dtype policy a run uses.
+"""A run's numerics settings that depend on its devices: mixed precision, determinism.
 
-Mixed precision is `mixed_float16` on GPUs (tensor cores; Keras' `compile` adds
-the loss scaling float16 needs) and `mixed_bfloat16` elsewhere (native on TPUs and
-recent CPUs, no loss scaling); variables stay float32. Tested without a GPU.
+Mixed precision follows the strategy's own devices (`worker_devices`): bfloat16
+where all have it (CPUs, TPUs, GPUs of compute capability 8.0 and up), float16
+with loss scaling (Keras' `compile` adds it) on older GPUs (T4, V100: no bfloat16
+tensor cores), never on a CPU. TensorFlow-free at import; tested with fake devices.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
+from dataclasses import dataclass
+
+from mdtrain.errors import UsageError
 
 
-def choose_policy(mixed_precision: bool, device_kinds: Iterable[str]) -> str:
-    """The Keras dtype policy of a run whose devices are of `device_kinds` (any case)."""
-    if not mixed_precision:
-        return "float32"
-    on_gpu = any(kind.upper() == "GPU" for kind in device_kinds)
-    return "mixed_float16" if on_gpu else "mixed_bfloat16"
+@dataclass(frozen=True)
+class Device:
+    """A replica's device: its kind (`"GPU"`, `"CPU"`, `"TPU"`), a GPU's name and capability."""
+
+    kind: str
+    name: str = ""
+    compute_capability: tuple[int, int] = (0, 0)  # unknown: the oldest
+
+    def __str__(self) -> str:
+        capability = ".".join(map(str, self.compute_capability))
+        return f"{self.name}, compute capability {capability}" if self.kind == "GPU" else self.kind
 
 
-def local_device_kinds() -> list[str]:
-    """This process's logical device kinds; initialises them: call after configure_devices."""
+def choose_policy(mixed_precision: bool, devices: Iterable[Device]) -> str:
+    """The Keras dtype policy name of a run on `devices` (module doc), float32 if none fits.
+
+    >>> choose_policy(True, [Device("GPU", "Tesla T4", (7, 5))] * 2)
+    'mixed_float16'
+    """
+    kinds = {d.kind for d in devices if d.kind != "GPU" or d.compute_capability < (8, 0)}
+    if not mixed_precision or kinds <= {"CPU", "TPU"}:  # all have bfloat16
+        return "mixed_bfloat16" if mixed_precision else "float32"
+    return "float32" if "CPU" in kinds else "mixed_float16"  # never float16 on a CPU
+
+
+def describe_policy(policy: str, devices: Iterable[Device]) -> str:
+    """The line a run prints, e.g. `mixed precision: bfloat16 (CPU)`."""
+    kinds = "; ".join(dict.fromkeys(map(str, devices)))
+    words = {"mixed_float16": "float16 with loss scaling", "mixed_bfloat16": "bfloat16"}
+    return f"mixed precision: {words.get(policy, 'off, float32')} ({kinds})"
+
+
+def strategy_devices(strategy) -> list[Device]:
+    """The devices of `strategy`'s replicas on this worker, GPUs with their name and capability."""
     import tensorflow as tf
 
-    return [device.device_type for device in tf.config.list_logical_devices()]
+    gpus = [gpu for gpu in tf.config.get_visible_devices("GPU")  # per logical GPU: its card
+            for _ in tf.config.get_logical_device_configuration(gpu) or [None]]  # fmt: skip
+    devices = []
+    for spec in map(tf.DeviceSpec.from_string, strategy.extended.worker_devices):
+        gpu = spec.device_type == "GPU"
+        info = tf.config.experimental.get_device_details(gpus[spec.device_index]) if gpu else {}
+        devices.append(Device(spec.device_type, info.get("device_name", "GPU"),
+                              info.get("compute_capability", (0, 0))))  # fmt: skip
+    return devices
+
+
+def check_deterministic(strategy, net, image_size: int, variables) -> None:
+    """Raises `UsageError` if TensorFlow cannot train `net` deterministically under `strategy`.
+
+    Some ops (GPU depthwise filter gradients without cuDNN) raise under determinism when
+    first run: one gradient of `variables` (those the run trains) on one image per replica
+    finds them before training. In the strategy's scope; `net`'s state is kept."""
+    import tensorflow as tf
+
+    def gradient():
+        watched = [v.value for v in variables if "float" in v.dtype]
+        images = tf.zeros((1, image_size, image_size, 3), "uint8")
+        with tf.GradientTape() as tape:
+            tape.watch(watched)
+            loss = tf.reduce_sum(net(images, training=True))
+        tape.gradient(loss, watched)
+
+    state = [v.numpy() for v in net.non_trainable_variables]  # BatchNorm statistics, RNG
+    try:
+        strategy.run(gradient)
+    except tf.errors.OpError as e:
+        if not isinstance(e, tf.errors.UnimplementedError) and "determinism" not in e.message:
+            raise
+        op = re.search(r"\[Op:(\w+)\]|\{\{node (\S+)\}\}", e.message) or ["", "an op"]
+        raise UsageError(
+            f"--deterministic: TensorFlow cannot run {op[1] or op[2]} deterministically on "
+            f"{strategy.extended.worker_devices[0]} ({e.message.strip().splitlines()[0]}); "
+            "drop --deterministic or use another model"
+        ) from None
+    finally:
+        for variable, value in zip(net.non_trainable_variables, state, strict=True):
+            variable.assign(value)

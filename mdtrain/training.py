@@ -45,6 +45,7 @@ class TrainResult:
     is_chief: bool = True  # False on the other workers of a multi-worker run
     augment_in: str | None = None  # where augmentation ran: "pipeline", "model", None (none)
     ps_log: dict | None = None  # parameter-server training's loss curve (see above)
+    precision: str = "float32"  # the Keras dtype policy the model computed in
 
     def summary(self) -> dict:
         summary = {
@@ -60,6 +61,7 @@ class TrainResult:
             "output": self.output,
             "monitor": self.monitor_summary,
             "augment_in": self.augment_in,
+            "precision": self.precision,
             "config": dataclasses.asdict(self.config),
         }
         if self.ps_log is not None:
@@ -115,24 +117,8 @@ def train(config: TrainConfig, callbacks: list | None = None) -> TrainResult:
     return result
 
 
-def input_data_for(config: TrainConfig, splits, global_batch_size: int, **overrides):
-    """The run's `InputData`: `config`'s seed, augmentation and cache, except `overrides`."""
-    from mdtrain.augment import AugmentPolicy
-    from mdtrain.pipeline import InputData
-
-    arguments = dict(
-        seed=config.seed,
-        augment=AugmentPolicy() if config.augment else None,
-        augment_in=config.augment_place or "pipeline",
-        cache=config.cache,
-        cache_dir=config.cache_dir,
-        deterministic=config.deterministic,
-    )
-    return InputData(splits, config.resolved_image_size, global_batch_size, **arguments | overrides)
-
-
-def new_trainer(config: TrainConfig, splits, augment=None):
-    """`config`'s model in an uncompiled `ExactTrainer`; call it in the strategy's scope."""
+def new_trainer(config: TrainConfig, splits, augment=None, dtype=None):
+    """`config`'s model in an uncompiled `ExactTrainer`, dtype policy `dtype`; in the scope."""
     from mdtrain.imbalance import class_weights_for
     from mdtrain.loop import ExactTrainer
     from mdtrain.models import build_model
@@ -140,8 +126,9 @@ def new_trainer(config: TrainConfig, splits, augment=None):
     classes = splits.class_names
     class_weights = class_weights_for(config.class_weight, splits.train.counts(len(classes)))
     net = build_model(config.model, len(classes), config.resolved_image_size, config.weights,
-                      config.dropout)  # fmt: skip
-    return ExactTrainer(net, class_weights, augment=augment)
+                      config.dropout, config.batch_norm, dtype)  # fmt: skip
+    # The trainer's policy too: under mixed_float16 its `compile` adds loss scaling.
+    return ExactTrainer(net, class_weights, augment=augment, dtype=dtype)
 
 
 class _Run:
@@ -154,6 +141,7 @@ class _Run:
         import keras
 
         from mdtrain.data import load_splits
+        from mdtrain.pipeline import input_data_for
         from mdtrain.sources import ensure_demo_dataset
 
         self.strategy = distribute.make_strategy(config.strategy)  # first: multi-worker setup
@@ -229,21 +217,21 @@ class _Run:
                       "on each replica's device")  # fmt: skip
 
     def _build_trainer(self):
-        import keras
+        from mdtrain import precision
 
-        from mdtrain.precision import choose_policy, local_device_kinds
-
-        size = self.config.resolved_image_size
-        previous = keras.mixed_precision.dtype_policy()
-        policy = choose_policy(self.config.mixed_precision, local_device_kinds())
-        keras.mixed_precision.set_dtype_policy(policy)  # mixed: float16 on GPUs only
-        try:
-            with self.strategy.scope():
-                augment = self.inputs.augment if self.augment_in == "model" else None
-                trainer = new_trainer(self.config, self.splits, augment)
-                trainer.build((None, size, size, 3))
-        finally:
-            keras.mixed_precision.set_dtype_policy(previous)
+        config, size = self.config, self.config.resolved_image_size
+        devices = precision.strategy_devices(self.strategy) if config.mixed_precision else []
+        self.precision = precision.choose_policy(config.mixed_precision, devices)
+        if devices:
+            self._say(precision.describe_policy(self.precision, devices))
+        with self.strategy.scope():
+            augment = self.inputs.augment if self.augment_in == "model" else None
+            trainer = new_trainer(config, self.splits, augment, self.precision)
+            trainer.build((None, size, size, 3))
+            if config.deterministic:  # refused before training, not at its first step
+                net = trainer.net
+                trained = net.weights if config.fine_tune_epochs else net.trainable_weights
+                precision.check_deterministic(self.strategy, net, size, trained)
         return trainer
 
     def execute(self, callbacks: list) -> TrainResult:
@@ -270,7 +258,7 @@ class _Run:
                 f"this run's {total}; use the same --epochs, or another --backup-dir"
             )
         segments = plan_run(config.epochs, config.fine_tune_epochs, config.learning_rate,
-                            inputs.steps_per_epoch, point)  # fmt: skip
+                            inputs.steps_per_epoch, point, config.warmup_epochs)  # fmt: skip
         if not segments and point.path is not None:  # a backup at the very end of the run
             self._say("the backup is at the end of the run: its weights are the result")
             if point.phase == 1:  # the layers fine-tuning unfroze, as the run left them
@@ -300,6 +288,7 @@ class _Run:
             is_chief=self.chief,
             augment_in=self.augment_in,
             ps_log=self.ps_log,
+            precision=self.precision,
         )
 
     def _say(self, text: str) -> None:
@@ -316,14 +305,13 @@ class _Run:
                 n = unfreeze_top(self.trainer.net)
                 self._say(f"fine-tuning: {n} top layers of the base unfrozen, "
                           f"learning rate {segment.learning_rate:g}")  # fmt: skip
-            # Cosine decay to a tenth over the phase: large steps early, and a settled model
-            # (and BatchNorm statistics) by the last epoch, whatever the strategy.
-            self.schedule = keras.optimizers.schedules.CosineDecay(
-                segment.learning_rate, decay_steps=segment.decay_steps, alpha=0.1
-            )
+            self.schedule = segment.schedule()
             # Under parameter servers a float rate, which the coordinator sets (`mdtrain.ps`).
             rate = segment.learning_rate if self.loop == "ps" else self.schedule
-            self.trainer.compile(optimizer=keras.optimizers.Adam(rate))
+            self.trainer.compile(
+                optimizer=keras.optimizers.Adam(rate),
+                steps_per_execution=self.config.resolved_steps_per_execution,
+            )
 
     def _run_segment(self, segment, point, callbacks: list, history) -> list[dict[str, float]]:
         """Runs one segment of the plan after the epochs of `history`; returns its rows."""
@@ -359,13 +347,13 @@ class _Run:
             )  # fmt: skip
             self.ps_log |= self.ps_cluster
             return history_rows(hist)
-        train_ds = inputs.train_epochs(segment.first_epoch, segment.last_epoch)
-        if segment.skip_steps:  # their original step numbers keep their augmentation seeds
-            train_ds = train_ds.skip(segment.skip_steps)
+        epochs = (segment.first_epoch, segment.last_epoch, segment.skip_steps)
         if self.loop == "fit":  # shuffle=False: the dataset is shuffled already, per epoch
+            train_ds = inputs.train_epochs(*epochs)
             hist = self.trainer.fit(train_ds, validation_data=inputs.val_ds, shuffle=False, **run)
-        else:
-            hist = custom_fit(self.trainer, self.strategy, train_ds, val_ds=inputs.val_ds, **run)
+        else:  # several workers: each decodes only its replicas' slices
+            train_ds, val_ds = inputs.for_strategy(self.strategy, *epochs)
+            hist = custom_fit(self.trainer, self.strategy, train_ds, val_ds=val_ds, **run)
         return history_rows(hist)
 
 

@@ -38,6 +38,11 @@ from mdtrain.loop import ExactTrainer, custom_fit
 from mdtrain.models import build_model, unfreeze_top
 from mdtrain.norm import swap_batch_norm
 
+# On GPUs of compute capability 8.0 and up TensorFlow computes float32 matmuls and
+# convolutions in TF32 (10-bit mantissas) by default: N replicas ≡ 1 is a float32 claim.
+if tf.config.list_physical_devices("GPU"):
+    tf.config.experimental.enable_tensor_float_32_execution(False)
+
 LOSSES = ("exact", "keras_fit", "naive_global_batch")
 LOOPS = ("fit", "custom")
 
@@ -118,11 +123,11 @@ def _keras_fit(net, strategy, dataset, epochs, learning_rate, class_weights) -> 
     net.fit(dataset, epochs=epochs, shuffle=False, verbose=0, class_weight=weights)
 
 
-def _exact_fit(net, strategy, dataset, epochs, learning_rate, class_weights, loop) -> None:
-    """`ExactTrainer`, through Keras `fit` or mdtrain's `custom_fit`."""
+def _exact_fit(net, strategy, dataset, epochs, learning_rate, class_weights, loop, spe) -> None:
+    """`ExactTrainer`, through Keras `fit` or mdtrain's `custom_fit`, `spe` steps per call."""
     with strategy.scope():
         trainer = ExactTrainer(net, class_weights=class_weights)
-        trainer.compile(optimizer=keras.optimizers.SGD(learning_rate))
+        trainer.compile(optimizer=keras.optimizers.SGD(learning_rate), steps_per_execution=spe)
     if loop == "fit":
         trainer.fit(dataset, epochs=epochs, shuffle=False, verbose=0)
         return
@@ -148,6 +153,7 @@ def train_weights(
     fine_tune: bool = False,
     per_replica_batch_norm: bool = False,
     dtype: str = "float32",
+    steps_per_execution: int = 1,
 ) -> list[np.ndarray]:
     """Trains a fresh model on `dataset` with plain SGD; returns all its final weights.
 
@@ -157,7 +163,8 @@ def train_weights(
     or an `mdtrain.models` name built with dropout 0; `weights`, `fine_tune`
     and `per_replica_batch_norm` (Keras' own `BatchNormalization`) change it.
     `dtype` is the Keras dtype policy: float64 shows the rule itself where
-    float32 rounding would be amplified (ReLU6 kinks, Adam).
+    float32 rounding would be amplified (ReLU6 kinks, Adam). `steps_per_execution`
+    is `ExactTrainer.compile`'s (for `"exact"`).
     """
     if loss not in LOSSES or loop not in LOOPS:
         raise ValueError(f"loss must be one of {LOSSES} and loop one of {LOOPS}")
@@ -179,7 +186,8 @@ def train_weights(
         elif loss == "keras_fit":
             _keras_fit(net, strategy, dataset, epochs, learning_rate, class_weights)
         else:
-            _exact_fit(net, strategy, dataset, epochs, learning_rate, class_weights, loop)
+            _exact_fit(net, strategy, dataset, epochs, learning_rate, class_weights, loop,
+                       steps_per_execution)  # fmt: skip
     finally:
         keras.config.set_floatx(previous[0])
         keras.config.set_dtype_policy(previous[1])

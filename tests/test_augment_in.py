@@ -111,7 +111,7 @@ def test_transforms_without_a_policy_are_refused_not_ignored():
     trainer = ExactTrainer(tf.keras.Sequential([tf.keras.layers.Flatten()]))
     batch = (tf.zeros([2, 8, 8, 3], tf.uint8), tf.zeros([2], tf.int32), tf.zeros([2, 6]))
     with pytest.raises(ValueError, match="pass augment=the policy"):
-        trainer._augmented(batch)
+        trainer._padded(batch)
 
 
 @pytest.mark.parametrize(

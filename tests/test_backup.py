@@ -198,7 +198,9 @@ def test_outputs_that_cannot_be_written_are_saved_elsewhere(runs):
 
 # Runs of 2 epochs on cpu:2 (3 steps per epoch, global batch 8), for each loop: uninterrupted;
 # stopped in epoch 2 after its step 2 (its backup after step 1 written), then run again; and
-# that backup made as an older mdtrain made it (no metric state, checksum updated), run again.
+# that backup made as an older mdtrain made it (no metric state, checksum updated), run again;
+# and with 2 steps per call, stopped after epoch 2's last call (its backup after step 2
+# written), then run again.
 _MID_EPOCH = """
 import contextlib, hashlib, io, json, shutil, sys
 from pathlib import Path
@@ -209,11 +211,15 @@ from mdtrain.training import TrainConfig, train
 data, work = sys.argv[1], Path(sys.argv[2])
 
 class Stop(keras.callbacks.Callback):
+    def __init__(self, at=1):
+        super().__init__()
+        self.at = at
+
     def on_epoch_begin(self, epoch, logs=None):
         self.epoch = epoch
 
     def on_train_batch_end(self, batch, logs=None):
-        if self.epoch == 1 and batch == 1:  # before Backup (the last callback) saves step 2
+        if self.epoch == 1 and batch >= self.at:  # before Backup (the last callback) saves
             raise KeyboardInterrupt
 
 def weights(result):
@@ -246,9 +252,17 @@ for loop in ("fit", "custom"):
     said = io.StringIO()
     with contextlib.redirect_stdout(said):
         old = train(TrainConfig(**base, backup_dir=str(work / loop / "old")))
+    per_call = dict(base, backup_every_steps=2, steps_per_execution=2)
+    try:
+        train(TrainConfig(**per_call, backup_dir=str(work / loop / "spe")), callbacks=[Stop(2)])
+    except KeyboardInterrupt:
+        pass
+    spe_ckpt = sorted((work / loop / "spe").glob("ckpt-*"))[-1].name
+    spe = train(TrainConfig(**per_call, backup_dir=str(work / loop / "spe")))
     out[loop] = {
         "whole": whole.history, "resumed": resumed.history, "old": old.history,
-        "ckpt": ckpt, "said": said.getvalue(),
+        "ckpt": ckpt, "said": said.getvalue(), "spe_ckpt": spe_ckpt, "spe": spe.history,
+        "spe_same_weights": all(np.array_equal(a, b) for a, b in zip(weights(whole), weights(spe))),
         "same_weights": all(np.array_equal(a, b) for a, b in zip(weights(whole), weights(resumed))),
         "old_same_weights": all(np.array_equal(a, b) for a, b in zip(weights(whole), weights(old))),
     }
@@ -272,6 +286,17 @@ def test_a_run_resumed_mid_epoch_reports_the_uninterrupted_figures(mid_epoch_run
     for got, want in zip(resumed, whole, strict=True):
         assert got.keys() == want.keys() == {"loss", "accuracy", "val_loss", "val_accuracy"}
         # The metric sums are put back split over the replicas: the same to float rounding.
+        assert got == pytest.approx(want, rel=1e-5, abs=0.0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("loop", ["fit", "custom"])
+def test_a_backup_between_calls_of_several_steps_resumes_exactly(mid_epoch_runs, loop):
+    """2 steps per call (`steps_per_execution`): the backup after a call holds its exact step."""
+    runs = mid_epoch_runs[loop]
+    assert runs["spe_ckpt"] == "ckpt-00001-000002"  # resumed after step 2 of epoch 2's 3
+    assert runs["spe_same_weights"]  # as the uninterrupted run of one step per call
+    for got, want in zip(runs["spe"], runs["whole"], strict=True):
         assert got == pytest.approx(want, rel=1e-5, abs=0.0)
 
 

@@ -33,6 +33,7 @@ def _script(name: str):
 
 pipeline = _script("pipeline")
 train = _script("train")
+step_overhead = _script("step_overhead")
 
 
 @pytest.fixture(scope="module")
@@ -192,6 +193,31 @@ def test_train_benchmark_rejects_bad_arguments(data):
         train.train_benchmark(data, model="resnet-9000")
     with pytest.raises(UsageError, match="--steps 0"):
         train.train_benchmark(data, steps=0)
+
+
+def test_step_overhead_ratios_are_taken_round_by_round_and_failures_kept():
+    runs = {
+        "keras_fit": [[100.0, 4.0], [200.0, 3.0], [150.0, 5.0]],
+        "keras_fit_spe16": ["InvalidArgumentError: You must feed a value"] * 3,
+        "exact_fit_spe16": [[250.0, 2.0], [300.0, 2.5], [450.0, 1.0]],
+        "before/keras_fit": [[100.0, 4.0], [100.0, 4.0], [100.0, 4.0]],
+        "before/exact_fit": [[50.0, 8.0], [60.0, 8.0], [40.0, 9.0]],
+    }
+    summary = step_overhead._summary(runs)
+    assert summary["keras_fit_spe16"] == {"error": "InvalidArgumentError: You must feed a value"}
+    spe = summary["exact_fit_spe16"]
+    assert spe["steps_per_sec"] == 300.0 and spe["spread"] == [250.0, 450.0]
+    assert spe["vs_keras_fit"] == 2.5 and spe["vs_keras_fit_spread"] == [1.5, 3.0]
+    assert spe["cpu_ms_per_step"] == 2.0
+    assert summary["before/exact_fit"]["vs_keras_fit"] == 0.5  # against its own round's Keras
+
+
+@pytest.mark.parametrize("args", [["--steps", "0"], ["--repeats", "-1"]])
+def test_step_overhead_rejects_bad_arguments(args):
+    from mdtrain.errors import UsageError
+
+    with pytest.raises(UsageError, match="must be a positive integer"):
+        step_overhead.main(args)
 
 
 def test_benchmark_bars_in_the_order_given_with_the_decode_limit():

@@ -3,8 +3,10 @@
 Starts JupyterLab on 127.0.0.1 (random free port, random token) in a temp
 folder holding a notebook that trains a tiny Keras model with the dashboard,
 runs all cells through the JupyterLab menu, and waits for the widget to show a
-non-zero images/sec. Needs Debian's chromium and the playwright package
-(.ci/browser-deps.sh installs both); skips with the reason otherwise.
+non-zero images/sec, then for the run's end: the widget's figures and verdict,
+and below it the chart as a plain image (the picture a saved notebook keeps).
+Needs Debian's chromium and the playwright package (.ci/browser-deps.sh
+installs both); skips with the reason otherwise.
 """
 
 from __future__ import annotations
@@ -241,6 +243,12 @@ def test_dashboard_renders_in_jupyterlab(sync_playwright, jupyterlab, tmp_path):
             final = page.locator(".mdtrain-monitor", has_text="verdict")
             final.first.wait_for(timeout=10_000)
             done_text = done.first.inner_text().strip()
+            widget_text = final.first.inner_text()
+            picture = page.locator(".jp-RenderedImage img")  # an image/png output, not a widget
+            picture.first.wait_for(timeout=10_000)
+            picture_width = picture.first.evaluate("img => img.naturalWidth")
+            summary = page.locator(".jp-OutputArea-output", has_text="mdtrain monitor:")
+            summary.first.wait_for(timeout=10_000)
             page.locator(".mdtrain-monitor").first.scroll_into_view_if_needed()
             page.screenshot(path=str(screenshot), full_page=True)
         except Exception:
@@ -253,4 +261,7 @@ def test_dashboard_renders_in_jupyterlab(sync_playwright, jupyterlab, tmp_path):
     assert "images/sec" in text
     assert screenshot.stat().st_size > 10_000
     assert float(done_text.split()[-1]) > 0, done_text
+    for shown in ("CPU", "util", "images/sec", "step ", "input wait", "verdict:", "done"):
+        assert shown in widget_text, (shown, widget_text)
+    assert picture_width == 800  # the chart at 100 dpi, below the widget
     print(f"images/sec shown: {value}; screenshot: {screenshot}")

@@ -9,6 +9,7 @@ import shutil
 import pytest
 
 from mdtrain.choices import (
+    BATCH_NORMS,
     CACHE_MODES,
     CLASS_WEIGHTS,
     LITE0,
@@ -139,6 +140,13 @@ def _tree(root, spec):
         (["frobnicate"], "invalid choice"),
         (["launch", "--workers", "0", "--", "--epochs", "1"], "--workers 0: pass 1 or more"),
         (["train", "--backup-every-steps", "0"], "--backup-every-steps 0: must be at least 1"),
+        (["train", "--warmup-epochs", "-1"], "--warmup-epochs -1: must be in [0, 15)"),
+        (
+            ["train", "--epochs", "3", "--warmup-epochs", "3"],
+            "--warmup-epochs 3: must be in [0, 3)",
+        ),
+        (["train", "--batch-norm", "sync"], "--batch-norm sync: choose one of exact, synchronized"),
+        (["train", "--steps-per-execution", "0"], "--steps-per-execution 0: must be at least 1"),
     ],
 )
 def test_bad_options_fail_fast_in_one_line(args, fragment):
@@ -216,6 +224,7 @@ CHECKED_CHOICES = {
     ("mdtrain train", "--class-weight"): CLASS_WEIGHTS,
     ("mdtrain train", "--cache"): CACHE_MODES,
     ("mdtrain train", "--monitor"): MONITOR_DISPLAYS,
+    ("mdtrain train", "--batch-norm"): BATCH_NORMS,
     ("mdtrain predict", "--model"): (LITE0,),
 }
 

@@ -18,7 +18,7 @@ from mdtrain.data import (
     resolve_layout,
 )
 from mdtrain.errors import UsageError
-from mdtrain.images import sniff_format
+from mdtrain.images import load_image, sniff_format
 
 
 def test_resolve_layout_finds_train_and_val(tiny_dataset):
@@ -144,6 +144,19 @@ def test_check_reports_everything_and_modifies_nothing(messy_dataset):
 def test_sniff_format_goes_by_content(messy_dataset):
     assert sniff_format(messy_dataset / "circle" / "really_a_jpeg.png") == "jpeg"
     assert sniff_format(messy_dataset / "circle" / "notes.jpg") is None
+
+
+def test_webp_is_listed_decoded_and_named_in_the_reason(tmp_path):
+    for name, shade in (("dark", 40), ("light", 200)):
+        (tmp_path / name).mkdir()
+        Image.new("RGB", (12, 10), (shade,) * 3).save(tmp_path / name / "a.webp", lossless=True)
+    (tmp_path / "dark" / "b.webp").write_text("<html>404</html>")
+    report = check_dataset(tmp_path)
+    assert report.counts["train"] == {"dark": 1, "light": 1} and not report.mismatched
+    assert [os.path.basename(s.path) for s in report.unreadable] == ["b.webp"]
+    assert report.unreadable[0].reason == "not a JPEG, PNG, GIF, BMP or WebP image"
+    assert sniff_format(tmp_path / "light" / "a.webp") == "webp"
+    assert int(load_image(str(tmp_path / "light" / "a.webp"), 4).numpy().min()) == 200
 
 
 @pytest.fixture

@@ -3,8 +3,11 @@
 - GPU memory growth is set on every GPU before anything initialises the devices
   (`configure_devices` against a fake `tf.config` that fails as TensorFlow does
   once devices are initialised);
-- `auto` mixed precision picks float16 on GPUs and bfloat16 elsewhere, and both
-  policies really train a step here (float16 with loss scaling);
+- mixed precision follows the strategy's own devices (fake T4, V100, A100, H100,
+  TPU, mixed machines; this machine's CPUs), is given to the model, not set
+  globally, and both policies really train here (float16 with loss scaling);
+- `--deterministic` refuses, before training, a model with an op TensorFlow
+  cannot make deterministic (a real one on the CPU, and a GPU one's error);
 - the NVML reader and the sampler over a fake `pynvml` that answers as the
   real one does on Kaggle's 2×T4 (bytes names from old releases, a query a
   board does not support, `CUDA_VISIBLE_DEVICES` from `mdtrain launch`).
@@ -50,6 +53,8 @@ class FakeTfConfig:
         return list(self.gpus) if kind == "GPU" else ["PhysicalDevice(CPU:0)"]
 
     def _set_memory_growth(self, device, enable: bool) -> None:
+        if ("virtual", device, 2) in self.calls:  # TensorFlow's check, before the one below
+            raise ValueError("Cannot set memory growth on device when virtual devices configured")
         self._refuse_after_init("Physical devices")
         self.calls.append(("growth", device, enable))
 
@@ -96,6 +101,18 @@ def test_memory_growth_then_virtual_cpus_on_a_gpu_machine(fake_tf):
     assert ("virtual", "PhysicalDevice(CPU:0)", 2) in config.calls
 
 
+def test_a_gpu_split_into_logical_gpus_keeps_its_limits(fake_tf):
+    # One card as two logical GPUs (benchmarks/gpu.py, notebooks on one GPU): TensorFlow
+    # refuses memory growth on it with a ValueError; the other GPUs still get growth.
+    distribute, make = fake_tf
+    config = make(2)
+    config.set_logical_device_configuration(config.gpus[0], ["virtual", "virtual"])
+    distribute.configure_devices("mirrored")
+    assert [c for c in config.calls if c[0] == "growth"] == [("growth", config.gpus[1], True)]
+    with pytest.raises(ValueError, match="virtual devices configured"):  # the fake can fail
+        config.experimental.set_memory_growth(config.gpus[0], True)
+
+
 def test_the_fake_refuses_growth_after_init_as_tensorflow_does(fake_tf):
     # Proves the ordering test above can fail: growth after initialisation is refused.
     _, make = fake_tf
@@ -116,7 +133,7 @@ def fake_strategies(monkeypatch):
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
     monkeypatch.setattr(distribute, "fresh_collective_keys", lambda: None)
 
-    def make(gpus: int, cpus: int, tpu: bool = False):
+    def make(gpus: int, cpus: int, tpu: bool = False, cards: int | None = None):
         listed = []
 
         def list_logical_devices(kind):
@@ -124,17 +141,21 @@ def fake_strategies(monkeypatch):
             return [f"{kind}:{i}" for i in range(gpus if kind == "GPU" else cpus)]
 
         def strategy(kind):
-            return lambda *args: (kind, *args)
+            return lambda *args, **kwargs: (kind, *args, *kwargs.values())
+
+        def list_physical_devices(kind):  # `cards` GPUs split into `gpus` logical ones
+            return [f"{kind}:{i}" for i in range(gpus if cards is None else cards)]
 
         monkeypatch.setattr(distribute, "_tpu_available", lambda: tpu)
         monkeypatch.setattr(distribute, "tf", types.SimpleNamespace(
             config=types.SimpleNamespace(list_logical_devices=list_logical_devices,
+                                         list_physical_devices=list_physical_devices,
                                          experimental_connect_to_cluster=lambda resolver: None),
             tpu=types.SimpleNamespace(experimental=types.SimpleNamespace(
                 initialize_tpu_system=lambda resolver: None)),
             distribute=types.SimpleNamespace(
                 MirroredStrategy=strategy("mirrored"), OneDeviceStrategy=strategy("one"),
-                TPUStrategy=strategy("tpu"),
+                TPUStrategy=strategy("tpu"), ReductionToOneDevice=lambda: "to-one-device",
                 cluster_resolver=types.SimpleNamespace(TPUClusterResolver=lambda: "resolver")),
         ))  # fmt: skip
         return distribute.make_strategy, listed
@@ -179,67 +200,265 @@ def test_make_strategy_says_what_is_missing_in_one_line(fake_strategies, name, g
         assert listed == []
 
 
+def test_logical_gpus_of_one_card_are_not_reduced_with_nccl(fake_strategies):
+    make_strategy, _ = fake_strategies(gpus=2, cpus=1, cards=1)  # one H100 split in two
+    assert make_strategy("mirrored") == ("mirrored", "to-one-device")
+
+
+# --- mixed precision: the strategy's own devices decide ----------------------------------
+
+T4 = {"device_name": "Tesla T4", "compute_capability": (7, 5)}
+V100 = {"device_name": "Tesla V100-SXM2-16GB", "compute_capability": (7, 0)}
+A100 = {"device_name": "NVIDIA A100-SXM4-40GB", "compute_capability": (8, 0)}
+H100 = {"device_name": "NVIDIA H100 80GB HBM3", "compute_capability": (9, 0)}
+
+
+@pytest.fixture
+def fake_gpus(monkeypatch):
+    """`strategy_devices` on a machine whose GPUs are `cards` (TensorFlow's device details)."""
+    tf = pytest.importorskip("tensorflow")
+    from mdtrain.precision import strategy_devices
+
+    def devices_of(cards, replicas, virtual=None):
+        physical = [f"PhysicalDevice(GPU:{i})" for i in range(len(cards))]
+        config = tf.config
+        monkeypatch.setattr(config, "get_visible_devices", lambda kind: physical)
+        monkeypatch.setattr(config, "get_logical_device_configuration",
+                            lambda gpu: (virtual or {}).get(gpu))  # fmt: skip
+        monkeypatch.setattr(config.experimental, "get_device_details",
+                            lambda gpu: cards[physical.index(gpu)])  # fmt: skip
+        names = [f"/job:localhost/replica:0/task:0/device:{r}" for r in replicas]
+        return strategy_devices(types.SimpleNamespace(extended=types.SimpleNamespace(
+            worker_devices=tuple(names))))  # fmt: skip
+
+    return devices_of
+
+
+@pytest.mark.parametrize(
+    ("gpus", "implementation"),
+    [(["PhysicalDevice(GPU:0)"], "NCCL"), (["GPU:0", "GPU:1"], "NCCL"), ([], "RING")],
+)
+def test_multiworker_collectives_are_nccl_between_gpu_workers(monkeypatch, gpus, implementation):
+    import json
+
+    import tensorflow as tf
+
+    from mdtrain import distribute
+
+    made = {}
+    cluster = {"cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:2"]},
+               "task": {"type": "worker", "index": 0}}  # fmt: skip
+    monkeypatch.setenv("TF_CONFIG", json.dumps(cluster))
+    monkeypatch.setattr(tf.config, "list_physical_devices",
+                        lambda kind=None: list(gpus) if kind == "GPU" else ["CPU:0"])  # fmt: skip
+    monkeypatch.setattr(tf.distribute, "MultiWorkerMirroredStrategy",
+                        lambda **kwargs: made.update(kwargs) or "made")  # fmt: skip
+    assert distribute.make_strategy("multiworker") == "made"
+    chosen = made["communication_options"].implementation
+    assert chosen == getattr(tf.distribute.experimental.CommunicationImplementation, implementation)
+    assert made["cluster_resolver"].task_id == 0
+
+
 # --- mixed precision ---------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
-    ("mixed", "kinds", "policy"),
+    ("cards", "replicas", "policy", "line"),
     [
-        (True, ["CPU", "GPU", "GPU"], "mixed_float16"),  # Kaggle's 2×T4
-        (True, ["gpu"], "mixed_float16"),
-        (True, ["CPU"], "mixed_bfloat16"),
-        (True, ["CPU", "TPU", "TPU"], "mixed_bfloat16"),
-        (True, [], "mixed_bfloat16"),
-        (False, ["GPU"], "float32"),
-        (False, ["CPU"], "float32"),
+        ([T4, T4], ["GPU:0", "GPU:1"], "mixed_float16",  # Kaggle's 2xT4
+         "mixed precision: float16 with loss scaling (Tesla T4, compute capability 7.5)"),
+        ([V100], ["GPU:0"], "mixed_float16", "(Tesla V100-SXM2-16GB, compute capability 7.0)"),
+        ([A100], ["GPU:0"], "mixed_bfloat16",
+         "mixed precision: bfloat16 (NVIDIA A100-SXM4-40GB, compute capability 8.0)"),
+        ([H100], ["GPU:0"], "mixed_bfloat16",
+         "mixed precision: bfloat16 (NVIDIA H100 80GB HBM3, compute capability 9.0)"),
+        ([T4, T4], ["CPU:0", "CPU:1"], "mixed_bfloat16", "mixed precision: bfloat16 (CPU)"),
+        ([], ["TPU:0", "TPU:1"], "mixed_bfloat16", "mixed precision: bfloat16 (TPU)"),
+        # The weakest device decides: a T4 beside an A100 has no bfloat16 tensor cores.
+        ([A100, T4], ["GPU:0", "GPU:1"], "mixed_float16", "(NVIDIA A100-SXM4-40GB, compute "
+         "capability 8.0; Tesla T4, compute capability 7.5)"),
+        # Only the strategy's devices count: the second card is not one of its replicas.
+        ([A100, T4], ["GPU:0"], "mixed_bfloat16", "(NVIDIA A100-SXM4-40GB, compute "
+         "capability 8.0)"),
+        ([T4], ["CPU:0", "GPU:0"], "float32", "mixed precision: off, float32 (CPU; Tesla T4"),
     ],
-)
-def test_choose_policy(mixed, kinds, policy):
-    assert choose_policy(mixed, kinds) == policy
+)  # fmt: skip
+def test_the_policy_follows_the_strategys_devices(fake_gpus, cards, replicas, policy, line):
+    from mdtrain.precision import describe_policy
+
+    devices = fake_gpus(cards, replicas)
+    assert choose_policy(True, devices) == policy
+    assert choose_policy(False, devices) == "float32"
+    assert line in describe_policy(policy, devices)
 
 
-@pytest.mark.parametrize("kinds", [["CPU", "GPU", "GPU"], ["CPU"]])
-def test_the_auto_policy_trains_a_step(kinds):
-    """The policy `auto` picks for a GPU machine and for this one, each trains for real here.
-
-    Under float16 Keras' `compile` scales the loss itself (a `LossScaleOptimizer`), under
-    bfloat16 it does not need to."""
-    keras = pytest.importorskip("keras")
-    policy = choose_policy(True, kinds)
-    previous = keras.mixed_precision.dtype_policy()
-    keras.mixed_precision.set_dtype_policy(policy)
-    try:
-        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3), keras.layers.Dense(2)])
-        model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
-        scaled = isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer)
-        assert scaled == (policy == "mixed_float16")
-        x = np.random.default_rng(0).normal(size=(8, 4)).astype("float32")
-        before = [w.copy() for w in model.get_weights()]
-        # Dynamic loss scaling starts at 2**15 and skips a step whose float16
-        # gradients overflow, halving the scale; a few steps always get through.
-        for _ in range(8):
-            loss = model.train_on_batch(x, np.zeros((8, 2), "float32"))
-    finally:
-        keras.mixed_precision.set_dtype_policy(previous)
-    compute = "float16" if policy == "mixed_float16" else "bfloat16"
-    assert model.layers[0].compute_dtype == compute
-    assert all(w.dtype == "float32" for w in model.weights)  # variables stay float32
-    assert np.isfinite(loss)
-    assert any(not np.array_equal(a, b) for a, b in zip(before, model.get_weights(), strict=True))
+def test_two_logical_gpus_of_one_card_are_that_card(fake_gpus):
+    devices = fake_gpus([A100, T4], ["GPU:0", "GPU:1", "GPU:2"],
+                        virtual={"PhysicalDevice(GPU:0)": ["half", "half"]})  # fmt: skip
+    assert [d.name for d in devices] == ["NVIDIA A100-SXM4-40GB"] * 2 + ["Tesla T4"]
 
 
-def test_local_device_kinds_on_this_machine():
-    """The test process's devices: conftest's 4 virtual CPUs, then each GPU TensorFlow finds."""
+def test_a_real_cpu_strategy_is_bfloat16():
     tf = pytest.importorskip("tensorflow")
-    from mdtrain.precision import local_device_kinds
+    from mdtrain.precision import describe_policy, strategy_devices
 
-    gpus = len(tf.config.list_physical_devices("GPU"))
-    kinds = local_device_kinds()
-    assert kinds == ["CPU", "CPU", "CPU", "CPU"] + ["GPU"] * gpus
-    if gpus:
-        assert choose_policy(True, kinds) == "mixed_float16"
-    else:
-        assert choose_policy(True, kinds) == "mixed_bfloat16"
+    devices = strategy_devices(tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]))
+    assert describe_policy(choose_policy(True, devices), devices) == (
+        "mixed precision: bfloat16 (CPU)"
+    )
+
+
+@pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
+def test_each_policy_trains_a_step(policy):
+    """What a T4 and what this machine get, each trains for real here (TensorFlow runs both).
+
+    Given the float16 policy, the trainer's `compile` scales the loss (a `LossScaleOptimizer`);
+    bfloat16 needs none."""
+    keras = pytest.importorskip("keras")
+    from mdtrain.loop import ExactTrainer
+    from mdtrain.models import build_model
+
+    trainer = ExactTrainer(build_model("small-cnn", 2, 16, dtype=policy), dtype=policy)
+    trainer.compile(optimizer=keras.optimizers.SGD(0.1))
+    scaled = isinstance(trainer.optimizer, keras.optimizers.LossScaleOptimizer)
+    assert scaled == (policy == "mixed_float16")
+    rng = np.random.default_rng(0)
+    images, labels = rng.integers(0, 256, (8, 16, 16, 3), "uint8"), np.arange(8) % 2
+    before = [w.copy() for w in trainer.net.get_weights()]
+    # Dynamic loss scaling starts at 2**15 and skips a step whose float16
+    # gradients overflow, halving the scale; a few steps always get through.
+    history = trainer.fit(images, labels, batch_size=4, epochs=4, verbose=0).history
+    compute = "float16" if policy == "mixed_float16" else "bfloat16"
+    assert trainer.net.get_layer("conv0").compute_dtype == compute
+    assert all(w.dtype == "float32" for w in trainer.net.weights)  # variables stay float32
+    assert np.isfinite(history["loss"]).all()
+    after = trainer.net.get_weights()
+    assert any(not np.array_equal(a, b) for a, b in zip(before, after, strict=True))
+    assert keras.config.dtype_policy().name == "float32"  # given to the model, not global
+
+
+@pytest.mark.slow
+def test_train_gives_the_policy_to_the_model_and_leaves_keras_global_alone(tiny_dataset):
+    keras = pytest.importorskip("keras")
+    from mdtrain.training import TrainConfig, train
+
+    before = keras.config.dtype_policy().name
+    result = train(TrainConfig(data=str(tiny_dataset), epochs=1, strategy="cpu:2",
+                               mixed_precision=True, global_batch_size=8, monitor="none",
+                               verbose=0))  # fmt: skip
+    assert keras.config.dtype_policy().name == before == "float32"
+    assert result.summary()["precision"] == "mixed_bfloat16"
+    net = result.model
+    conv = keras.Model(net.input, net.get_layer("conv1").output)
+    assert keras.backend.standardize_dtype(conv(np.zeros((1, 32, 32, 3), "uint8")).dtype) == (
+        "bfloat16"
+    )
+    assert net.get_layer("probabilities").compute_dtype == "float32"
+    assert all(w.dtype == "float32" for w in net.weights)
+
+
+# --- --deterministic: what TensorFlow cannot make deterministic is refused before training --
+
+
+def _two_cpus():
+    """A `cpu:2` MirroredStrategy with its own collective keys (tensorflow/tensorflow#61314)."""
+    tf = pytest.importorskip("tensorflow")
+    from mdtrain.compat import fresh_collective_keys
+
+    fresh_collective_keys()
+    return tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+
+
+def _probe_net(keras, layer, image_size: int = 8, num_classes: int = 2):
+    """Convolution, exact BatchNormalization, `layer`, dropout, softmax: 0-255 images in."""
+    from mdtrain.norm import ExactBatchNormalization
+
+    inputs = keras.Input((image_size, image_size, 3))
+    x = keras.layers.Conv2D(2, 3)(keras.layers.Rescaling(1 / 255)(inputs))
+    x = layer(ExactBatchNormalization()(x))
+    x = keras.layers.Dropout(0.5)(keras.layers.GlobalAveragePooling2D()(x))
+    return keras.Model(inputs, keras.layers.Dense(num_classes, activation="softmax")(x))
+
+
+def _clock():
+    """A layer with an op TensorFlow refuses under determinism on a CPU too (`tf.timestamp`)."""
+    keras, tf = pytest.importorskip("keras"), pytest.importorskip("tensorflow")
+
+    class Clock(keras.layers.Layer):
+        def call(self, x):
+            return x + 0 * tf.cast(tf.timestamp(), x.dtype)
+
+    return Clock()
+
+
+def _gpu_only_gradient():
+    """A layer whose gradient raises as a GPU's depthwise filter gradient does without cuDNN."""
+    keras, tf = pytest.importorskip("keras"), pytest.importorskip("tensorflow")
+
+    class DepthwiseOnGpu(keras.layers.Layer):
+        def call(self, x):
+            @tf.custom_gradient
+            def identity(x):
+                def gradient(dy):
+                    op = "DepthwiseConv2dNativeBackpropFilter"
+                    message = f"A deterministic GPU implementation of {op} is not currently "
+                    raise tf.errors.UnimplementedError(
+                        None, None, message + f"available. [Op:{op}]"
+                    )
+
+                return tf.identity(x), gradient
+
+            return identity(x)
+
+    return DepthwiseOnGpu()
+
+
+@pytest.mark.parametrize(
+    ("layer", "op"), [(_clock, "Timestamp"), (_gpu_only_gradient, "DepthwiseConv2dNative")]
+)
+def test_the_probe_refuses_what_tensorflow_cannot_make_deterministic(layer, op):
+    keras = pytest.importorskip("keras")
+    from mdtrain.compat import run_settings
+    from mdtrain.precision import check_deterministic
+
+    strategy = _two_cpus()
+    with run_settings(deterministic=True), strategy.scope():
+        net = _probe_net(keras, layer())
+        with pytest.raises(UsageError, match=f"--deterministic: .*{op}.* drop --deterministic"):
+            check_deterministic(strategy, net, 8, net.trainable_weights)
+
+
+def test_the_probe_passes_a_plain_model_and_leaves_its_state_alone():
+    keras = pytest.importorskip("keras")
+    from mdtrain.compat import run_settings
+    from mdtrain.precision import check_deterministic
+
+    strategy = _two_cpus()
+    with run_settings(deterministic=True), strategy.scope():
+        net = _probe_net(keras, keras.layers.ReLU())
+        before = [v.numpy().copy() for v in net.variables]
+        check_deterministic(strategy, net, 8, net.weights)
+    assert len(net.non_trainable_variables) == 3  # moving mean and variance, dropout's RNG
+    for a, b in zip(before, net.variables, strict=True):
+        np.testing.assert_array_equal(a, b.numpy())
+
+
+@pytest.mark.slow
+def test_deterministic_refuses_in_one_line_before_training(tiny_dataset, monkeypatch, capsys):
+    keras = pytest.importorskip("keras")
+    import mdtrain.models
+    from mdtrain.cli import main
+
+    def build_model(name, num_classes, image_size, *args):
+        return _probe_net(keras, _clock(), image_size, num_classes)
+
+    monkeypatch.setattr(mdtrain.models, "build_model", build_model)
+    code = main(["train", "--data", str(tiny_dataset), "--epochs", "1", "--strategy", "cpu:2",
+                 "--global-batch-size", "8", "--deterministic", "--monitor", "none"])  # fmt: skip
+    out, err = capsys.readouterr()
+    assert code == 2 and "Epoch" not in out
+    assert err.startswith("mdtrain: error: --deterministic: TensorFlow cannot run Timestamp")
+    assert err.count("\n") == 1
 
 
 # --- NVML reader and sampler -----------------------------------------------------------
@@ -249,10 +468,19 @@ class FakeNvmlError(Exception):
     pass
 
 
-def fake_pynvml(names=("Tesla T4", "Tesla T4"), no_power=(), init_error=None, calls=None):
-    """A `pynvml` module answering like nvidia-ml-py on the GPUs `names`."""
+def fake_pynvml(names=("Tesla T4", "Tesla T4"), no_power=(), init_error=None, calls=None,
+                migs=None):  # fmt: skip
+    """A `pynvml` module answering like nvidia-ml-py on the GPUs `names`.
+
+    `migs` maps the UUID of each MIG device to the index of its GPU.
+    """
     calls = [] if calls is None else calls
     uuids = [f"GPU-{i}{i}{i}-fake" for i in range(len(names))]
+
+    def mig_handle(uuid: bytes):
+        if uuid.decode() not in (migs or {}):
+            raise FakeNvmlError("Not Found")
+        return ("mig", migs[uuid.decode()])
 
     def init():
         calls.append("init")
@@ -272,6 +500,8 @@ def fake_pynvml(names=("Tesla T4", "Tesla T4"), no_power=(), init_error=None, ca
     module.nvmlDeviceGetCount = lambda: len(names)
     module.nvmlDeviceGetHandleByIndex = lambda i: i
     module.nvmlDeviceGetUUID = lambda h: uuids[h]
+    module.nvmlDeviceGetHandleByUUID = mig_handle
+    module.nvmlDeviceGetDeviceHandleFromMigDeviceHandle = lambda h: h[1]
     module.nvmlDeviceGetName = lambda h: names[h].encode()  # old releases return bytes
     module.nvmlDeviceGetUtilizationRates = lambda h: types.SimpleNamespace(gpu=40 + h, memory=5)
     module.nvmlMemory_v2 = 0x2000028
@@ -347,6 +577,27 @@ def test_reader_shows_the_gpus_cuda_shows(nvml, monkeypatch, visible, names):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
     reader = NvmlReader()
     assert reader.names == (names or ["GPU 1 (Tesla T4)", "GPU 0 (Tesla T4)"])
+    reader.close()
+
+
+A100_MIGS = {"MIG-5c1d-fake": 1, "MIG-9e2f-fake": 1, "MIG-0a0a-fake": 0}
+
+
+@pytest.mark.parametrize(
+    ("visible", "names"),
+    [
+        ("MIG-5c1d-fake", ["GPU 1 (A100)"]),  # a MIG device: the GPU it is part of
+        ("MIG-GPU-111-fake/1/0", ["GPU 1 (A100)"]),  # the form of drivers before R470
+        ("MIG-5c1d-fake,MIG-9e2f-fake", ["GPU 1 (A100)"]),  # two of one GPU: one row
+        ("MIG-0a0a-fake,MIG-5c1d-fake", ["GPU 0 (A100)", "GPU 1 (A100)"]),
+        ("MIG-0a0a-fake,MIG-dead-fake,1", ["GPU 0 (A100)"]),  # CUDA stops at an unknown one
+    ],
+)
+def test_reader_shows_the_gpus_of_mig_devices(nvml, monkeypatch, visible, names):
+    nvml(names=("A100", "A100"), migs=A100_MIGS)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    reader = NvmlReader()
+    assert reader.names == names
     reader.close()
 
 

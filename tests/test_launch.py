@@ -408,12 +408,14 @@ def test_kaggle_two_t4s_give_each_of_two_workers_one(tmp_path, monkeypatch):
     from tests.test_gpus import fake_nvml
 
     fake_nvml(monkeypatch, 2)  # the launcher counts the GPUs, through NVML
-    env = _env()
+    env = _env(CUDA_DEVICE_ORDER="FASTEST_FIRST")  # CUDA's default: not NVML's numbering
     env.pop("CUDA_VISIBLE_DEVICES", None)
+    show = [*SHOW_GPUS[:-1], SHOW_GPUS[-1][:-1] + ", os.environ['CUDA_DEVICE_ORDER'])"]
     stream = io.StringIO()
-    assert run_workers(SHOW_GPUS, 2, log_dir=tmp_path / "logs", env=env, stream=stream) == 0
+    assert run_workers(show, 2, log_dir=tmp_path / "logs", env=env, stream=stream) == 0
     out = stream.getvalue()
-    assert "[worker 0] sees 0\n" in out and "[worker 1] sees 1\n" in out, out
+    # NVML's index 1 is CUDA's index 1: the worker's monitor row shows the GPU it trains on.
+    assert "[worker 0] sees 0 PCI_BUS_ID\n" in out and "[worker 1] sees 1 PCI_BUS_ID\n" in out, out
 
 
 def test_a_machine_without_gpus_leaves_the_workers_environment_alone(tmp_path, monkeypatch):
@@ -455,7 +457,8 @@ ROLE_TASK = [
     role, index = config["task"]["type"], config["task"]["index"]
     assert os.environ["MDTRAIN_ROLE"] == role
     print(f"{role}={index} cluster={json.dumps(config['cluster'], sort_keys=True)}", flush=True)
-    print(f"{role}={index} cuda={os.environ.get('CUDA_VISIBLE_DEVICES')!r}", flush=True)
+    print(f"{role}={index} cuda={os.environ.get('CUDA_VISIBLE_DEVICES')!r} "
+          f"order={os.environ['CUDA_DEVICE_ORDER']}", flush=True)
     code = os.environ.get("ROLE_EXIT_" + f"{role}_{index}".upper())
     if code is not None:
         time.sleep(float(os.environ.get("ROLE_EXIT_DELAY", "0")))
@@ -520,12 +523,26 @@ def test_ps_job_on_two_gpus_gives_each_worker_one(tmp_path):
     assert "[ps 0] ps=0 cuda=''" in out and "[chief] chief=0 cuda=''" in out, out
 
 
+def test_ps_job_gives_each_worker_one_gpu_of_many(tmp_path):
+    # The chief counts a worker's GPUs as replicas, each of which would take a whole batch.
+    code, out = _run_roles(tmp_path / "a", ROLE_EXIT_CHIEF_0="0", ROLE_EXIT_DELAY="1",
+                           CUDA_VISIBLE_DEVICES="0,1,2,3")  # fmt: skip
+    assert code == 0, out
+    assert "[worker 0] worker=0 cuda='0' order=PCI_BUS_ID" in out, out
+    assert "[worker 1] worker=1 cuda='1' order=PCI_BUS_ID" in out, out
+    assert "[ps 0] ps=0 cuda='' order=PCI_BUS_ID" in out, out
+    with pytest.raises(UsageError, match="--gpus-per-worker 2 with --ps: a parameter-server "
+                       "worker computes on one GPU; pass 1 or 0"):  # fmt: skip
+        launch_mod.jobs._run_ps_cluster(ROLE_TASK, ROLE_TASK, 2, 1, gpus_per_worker=2,
+                                        env=_env(CUDA_VISIBLE_DEVICES="0,1,2,3"))  # fmt: skip
+
+
 def test_launch_ps_command_and_bad_input(monkeypatch):
     seen = []
     monkeypatch.setattr(launch_mod.jobs, "_run_ps_cluster", lambda *a, **kw: seen.append(a) or 0)
     assert launch(2, ["--epochs", "1", "--strategy", "ps"], num_ps=1) == 0
     chief, server, workers, ps = seen[0]
-    assert chief == [sys.executable, "-m", "mdtrain.ps", "chief", "--epochs", "1"]
+    assert chief == [sys.executable, "-m", "mdtrain", "train", "--epochs", "1", "--strategy", "ps"]
     assert server == [sys.executable, "-m", "mdtrain.ps", "serve"] and (workers, ps) == (2, 1)
     with pytest.raises(UsageError, match="parameter-server"):
         launch(2, ["--strategy", "mirrored"], num_ps=1)

@@ -25,7 +25,6 @@ def trainer():
     [
         {"loss": "mse"},
         {"metrics": ["accuracy"]},
-        {"steps_per_execution": 4},
         {"jit_compile": True},
     ],
 )
@@ -122,3 +121,91 @@ def test_per_device_datasets_lose_the_autotuning_model_only_inside_a_run():
     with run_settings():
         assert per_device_autotuning() == [False, False]
     assert per_device_autotuning() == [True, True]  # put back
+
+
+# --- steps_per_execution, and the fused augmentation on an empty replica slice -------------
+
+
+def _tiny_net(seed: int = 0) -> keras.Model:
+    keras.utils.set_random_seed(seed)
+    inputs = keras.Input((4,))
+    return keras.Model(inputs, keras.layers.Dense(3, activation="softmax")(inputs))
+
+
+class _Positions(keras.callbacks.Callback):
+    """The optimizer's step count at each epoch's end, and the examples each call trained on."""
+
+    def on_train_begin(self, logs=None):
+        self.at_epoch_end, self.examples = [], []
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.examples.append(float(self.model.last_step.batch_size))
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.at_epoch_end.append(int(self.model.optimizer.iterations.numpy()))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("loop", ["fit", "custom"])
+def test_steps_per_execution_stops_each_call_at_the_epochs_end(loop):
+    """Epochs back to back in one dataset (as `InputData.train_epochs`): 5 steps, 3 per call.
+
+    Keras' own fit would run 3 + 3 steps in the first epoch, the sixth from the second epoch.
+    """
+    from mdtrain.loop import custom_fit
+    from tests.numerics_harness import side_by_side_strategies
+
+    strategy = side_by_side_strategies((2,))[2]
+    data = np.random.default_rng(0).random((40, 4), dtype=np.float32)
+    dataset = tf.data.Dataset.from_tensor_slices((data, np.arange(40) % 3)).batch(4).repeat()
+    with strategy.scope():
+        trainer = ExactTrainer(_tiny_net())
+        trainer.compile(optimizer=keras.optimizers.SGD(0.1), steps_per_execution=3)
+    positions = _Positions()
+    run = dict(epochs=2, steps_per_epoch=5, callbacks=[positions], verbose=0)
+    if loop == "fit":
+        trainer.fit(dataset, **run)
+    else:
+        custom_fit(trainer, strategy, dataset, **run)
+    assert positions.at_epoch_end == [5, 10]
+    assert positions.examples == [12.0, 8.0, 12.0, 8.0]  # every call's global examples
+
+
+@pytest.mark.slow
+def test_an_empty_replica_slice_is_augmented_in_the_model_like_one_device(monkeypatch):
+    """5 images on 4 replicas (2/2/1/0), the transforms applied in the step (`augment_in="model"`).
+
+    The empty slice is padded before the fused augmentation (compiled with XLA, which on a
+    GPU would get a zero-size program) sees it; the weights match one device trained on the
+    same images augmented beforehand.
+    """
+    from mdtrain import loop
+    from mdtrain.augment import AugmentPolicy, apply_packed, pack_transforms, sample_transforms
+    from tests.numerics_harness import max_relative_difference, side_by_side_strategies
+
+    def never_empty(images, *args):
+        message = "an empty slice reached the fused augmentation"
+        with tf.control_dependencies([tf.debugging.assert_positive(tf.shape(images)[0], message)]):
+            return apply_packed(tf.identity(images), *args)
+
+    monkeypatch.setattr(loop, "apply_packed", never_empty)
+
+    policy = AugmentPolicy(brightness=(0.8, 1.2), contrast=0.2)
+    rng = np.random.default_rng(0)
+    images = tf.constant(rng.integers(0, 256, (5, 16, 16, 3)), tf.uint8)
+    labels = tf.constant([0, 1, 2, 0, 1])
+    transforms = pack_transforms(sample_transforms(5, policy, tf.constant([1, 2])), 16.0, 16.0)
+    augmented = apply_packed(images, policy, transforms)
+    strategies = side_by_side_strategies((1, 4))
+    weights = {}
+    for replicas, batch, augment in ((1, (augmented, labels), None),
+                                     (4, (images, labels, transforms), policy)):  # fmt: skip
+        dataset = tf.data.Dataset.from_tensors(batch)
+        with strategies[replicas].scope():
+            keras.utils.set_random_seed(0)
+            trainer = ExactTrainer(build_model("small-cnn", 3, 16, dropout=0.0), augment=augment)
+            trainer.compile(optimizer=keras.optimizers.SGD(0.1))
+        trainer.fit(dataset, epochs=2, verbose=0)
+        weights[replicas] = trainer.net.get_weights()
+        assert all(np.isfinite(w).all() for w in weights[replicas])
+    assert max_relative_difference(weights[4], weights[1]) < 1e-4

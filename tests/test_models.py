@@ -55,6 +55,40 @@ def test_policy_reset_after_fixture():
     assert keras.mixed_precision.dtype_policy().name == "float32"
 
 
+@pytest.mark.parametrize("name", ["small-cnn", "efficientnetv2-b0", "efficientnet-lite0"])
+def test_the_dtype_policy_is_given_to_the_model_not_set_globally(name):
+    model = build_model(name, 3, SIZE, dtype="mixed_bfloat16")
+    assert keras.config.dtype_policy().name == "float32"
+    layers = [x for x in model._flatten_layers() if x.weights and x.name != "probabilities"
+              and not isinstance(x, keras.Model)]  # fmt: skip
+    assert {x.compute_dtype for x in layers} == {"bfloat16"}, name  # the base's layers too
+    assert model.get_layer("probabilities").compute_dtype == "float32"
+    out = model(np.zeros((1, SIZE, SIZE, 3), "uint8"), training=False)
+    assert keras.backend.standardize_dtype(out.dtype) == "float32"
+
+
+@pytest.mark.parametrize(
+    "batch_norm, kind, synchronized",
+    [("exact", "ExactBatchNormalization", False), ("synchronized", "BatchNormalization", True),
+     ("local", "BatchNormalization", False)],
+)  # fmt: skip
+@pytest.mark.parametrize("name", ["small-cnn", "efficientnet-lite0"])
+def test_the_batch_norm_choice(name, batch_norm, kind, synchronized):
+    model = build_model(name, 3, SIZE, batch_norm=batch_norm, dtype="mixed_bfloat16")
+    norms = [x for x in model._flatten_layers() if isinstance(x, keras.layers.BatchNormalization)]
+    assert len(norms) == (4 if name == "small-cnn" else 49)
+    assert {(type(x).__name__, x.synchronized, x.compute_dtype) for x in norms} == {
+        (kind, synchronized, "bfloat16")
+    }
+
+
+def test_a_frozen_base_keeps_its_own_batch_norm():
+    """Its BatchNormalization runs in inference mode: there is nothing to synchronise."""
+    model = build_model("efficientnetv2-b0", 5, SIZE, batch_norm="synchronized")
+    norms = [x for x in model._flatten_layers() if isinstance(x, keras.layers.BatchNormalization)]
+    assert norms and not any(x.synchronized or x.trainable for x in norms)
+
+
 def test_efficientnet_base_frozen(b0):
     base = b0.get_layer(BASE_NAME)
     assert not base.trainable
@@ -116,6 +150,7 @@ def test_weights_file_of_another_model_is_one_line_and_no_warnings(tmp_path, nam
         (dict(name="efficientnetv2-b0", weights="/no/such/b0_notop.h5"), "no such file"),
         (dict(name="efficientnetv2-b0", image_size=16), "at least 32"),
         (dict(name="small-cnn", dropout=1.0), "dropout"),
+        (dict(name="small-cnn", batch_norm="sync"), "batch_norm=sync: choose one of exact"),
     ],
 )
 def test_bad_arguments(kwargs, match):

@@ -15,7 +15,7 @@ import pytest
 from mdtrain.monitor import DeviceSample, Sample, Sampler, verdict
 from mdtrain.monitor import sampler as sampler_module
 from mdtrain.monitor.sampler import NvmlReader
-from mdtrain.monitor.summary import Rates, resolve_display, summarize
+from mdtrain.monitor.summary import Chart, Rates, resolve_display, summarize
 from mdtrain.monitor.throughput import ThroughputMeter
 
 REPO = Path(__file__).resolve().parents[1]
@@ -70,6 +70,8 @@ class FakeCpuReader:
 
 class FakeSampler:
     """What the callback needs from a sampler, with no thread at all."""
+
+    interval_s = 0.0  # the callback records an images/sec point every step
 
     def __init__(self, gpu_util: float | None = 90.0) -> None:
         devices = [DeviceSample("CPU", "cpu", 40.0, 2**30, 8 * 2**30)]
@@ -184,6 +186,31 @@ def test_meter_handles_steps_per_execution():
     rates = meter.epoch_rates()
     assert rates.steps == 12 and rates.images == 96
     assert meter.current_rates().step_time_s == pytest.approx(0.1)  # the live view too
+
+
+def test_meter_reads_the_steps_sizes_and_waits_only_with_its_rates():
+    """mdtrain's step hands over scalar tensors: read on the host later, not after each call."""
+
+    class Lazy:  # a scalar tensor's part the meter may use
+        reads = 0
+
+        def __init__(self, value):
+            self.value = value
+
+        def __float__(self):
+            Lazy.reads += 1
+            return self.value
+
+    clock = FakeClock()
+    meter = ThroughputMeter(100, warmup_steps=1, clock=clock)
+    meter.epoch_begin()
+    for batch, images in ((3, 400.0), (7, 400.0), (11, 130.0)):  # 4 steps per call
+        clock.advance(0.4)
+        meter.batch_end(batch, Lazy(images), Lazy(0.1))
+    assert Lazy.reads == 0
+    rates = meter.epoch_rates()
+    assert rates.steps == 8 and rates.images == 530  # the first call (tracing) is left out
+    assert rates.input_wait_share == pytest.approx(0.25)
 
 
 def test_meter_epoch_gap_is_not_step_time():
@@ -357,20 +384,46 @@ def test_resolve_display(monkeypatch):
         resolve_display("fancy")
 
 
+class NotebookShell:
+    """What the monitor asks of IPython in a notebook kernel: a kernel, and events to hook."""
+
+    kernel = object()
+
+    def __init__(self) -> None:
+        self.hooks = []
+        self.events = types.SimpleNamespace(
+            register=lambda name, fn: self.hooks.append(fn),
+            unregister=lambda name, fn: self.hooks.remove(fn),
+        )
+
+
 def test_resolve_display_smoke_means_text(monkeypatch):
     import IPython
 
-    class Shell:
-        kernel = object()
-
-    monkeypatch.setattr(IPython, "get_ipython", lambda: Shell())
+    monkeypatch.setattr(IPython, "get_ipython", NotebookShell)
     monkeypatch.delenv("MDTRAIN_SMOKE", raising=False)
     assert resolve_display("auto") == "widget"
     monkeypatch.setenv("MDTRAIN_SMOKE", "1")
     assert resolve_display("auto") == "text"
 
 
-# --- dashboard -----------------------------------------------------------------------
+# --- dashboard and chart -------------------------------------------------------------
+
+
+def test_chart_draws_the_whole_run_thinned():
+    """An hour of points: both panels span it, each line drawn with at most 150 points."""
+    devices = (DeviceSample("GPU 0 (Fake)", "gpu", 80.0), DeviceSample("CPU", "cpu", 30.0))
+    samples = [Sample(time=100.0 + t, devices=devices) for t in range(0, 3601, 2)]
+    rates = [(100.0 + t, 500.0 + t) for t in range(1, 3601)]  # from the first step on
+    chart = Chart()
+    png = chart.render(rates, samples, 100.0)
+    assert png[:4] == b"\x89PNG"
+    assert chart.rate_ax.get_xlim() == chart.util_ax.get_xlim() == (0.0, 3600.0)
+    seconds, per_sec = chart.rate_line.get_data()
+    assert len(seconds) == 150 and (seconds[0], seconds[-1], per_sec[-1]) == (1.0, 3600.0, 4100.0)
+    assert chart.rate_ax.get_ylim()[1] == pytest.approx(1.1 * 4100.0)
+    assert [line.get_label() for line in chart.util_lines.values()] == ["GPU 0", "CPU"]
+    assert list(chart.util_lines["CPU"].get_ydata()) == [30.0] * 150
 
 
 def _watched_monitor():
@@ -380,6 +433,7 @@ def _watched_monitor():
     meter.epoch_begin()
     _run_steps(meter, clock, 5, 0.8)
     sampler = FakeSampler()
+    t0 = sampler.sample.time - 4.0
     return types.SimpleNamespace(
         meter=meter,
         sampler=sampler,
@@ -387,10 +441,12 @@ def _watched_monitor():
         epochs=3,
         steps_per_epoch=10,
         summary=lambda: summarize(meter.train_rates(), sampler.history()),
+        chart_png=lambda: Chart().render([(t0 + 2, 1250.0)], sampler.history(), t0),
     )
 
 
 def test_dashboard_shows_rates_devices_and_chart():
+    """Utilisation per device, images/sec, step time, input wait, the chart, then the verdict."""
     from mdtrain.monitor import Dashboard
 
     dash = Dashboard(_watched_monitor(), chart_every_s=0.0)
@@ -399,11 +455,17 @@ def test_dashboard_shows_rates_devices_and_chart():
     assert "1250.0" in dash.images_per_sec.value
     assert "epoch 2/3 · step 5/10 · ETA 0:12" in dash.header.value  # 15 steps of 0.8 s left
     assert dash.stats.value == "step 800.0 ms · input wait unknown"
-    gpu_row, cpu_row = dash.devices.children
-    assert gpu_row.children[3].value == "90% · 1.0/16.0 GiB"
-    assert dash.chart.value[:4] == b"\x89PNG"
+    rows = {row.children[0].value: row.children for row in dash.devices.children}
+    assert list(rows) == ["<b>GPU 0 (Fake)</b>", "<b>CPU</b>"]
+    gpu_label, gpu_util, gpu_mem, gpu_text = rows["<b>GPU 0 (Fake)</b>"]
+    assert (gpu_util.value, gpu_mem.value, gpu_text.value) == (90.0, 6.25, "90% · 1.0/16.0 GiB")
+    assert rows["<b>CPU</b>"][1].value == 40.0
+    # ipywidgets 7 (Colab) holds an image's value as bytes, 8 (Kaggle) as a memoryview.
+    assert bytes(dash.chart.value[:4]) == b"\x89PNG" and dash.chart.layout.display != "none"
     dash.update(final=True)
     assert "verdict:</b> compute-bound" in dash.verdict.value and "done" in dash.header.value
+    dash.stop()  # the monitor leaves the final chart below the widget: not twice
+    assert dash.chart.layout.display == "none" and "verdict:</b>" in dash.verdict.value
 
 
 def test_dashboard_thread_refreshes_and_stops():
@@ -420,7 +482,7 @@ def test_dashboard_thread_refreshes_and_stops():
         time.sleep(0.01)
     dash.stop()
     assert len(calls) >= 3
-    assert "1250.0" in dash.images_per_sec.value and dash.chart.value[:4] == b"\x89PNG"
+    assert "1250.0" in dash.images_per_sec.value and bytes(dash.chart.value[:4]) == b"\x89PNG"
     assert "compute-bound" in dash.verdict.value
 
 
@@ -513,3 +575,102 @@ def test_one_run_across_several_fit_calls(keras):
     summary = monitor.summary()
     assert summary.steps == 14 and summary.images == 14 * 8  # 15 steps, 1 warm-up
     assert sampler.started == 1 and sampler.stopped == 1
+
+
+def _fit_tiny(keras, monitor, epochs=2):
+    import numpy as np
+
+    x, y = np.zeros((40, 4), "float32"), np.zeros((40, 1), "float32")
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    model.fit(x, y, batch_size=8, epochs=epochs, callbacks=[monitor], verbose=0)
+
+
+@pytest.mark.parametrize("display", ["widget", "text"])
+def test_in_a_notebook_the_run_leaves_its_chart_and_summary(keras, monkeypatch, capsys, display):
+    """The picture a saved notebook keeps: the chart as a PNG, then the summary's text.
+
+    Live runs show the widget first (which regenerate.py drops); smoke runs
+    (MDTRAIN_SMOKE=1, "auto" means text) print epoch lines first.
+    """
+    import IPython
+    import IPython.display
+
+    from mdtrain.monitor import make_monitor
+
+    shown = []
+    monkeypatch.setattr(IPython, "get_ipython", NotebookShell)
+    monkeypatch.setattr(IPython.display, "display", shown.append)
+    monitor = make_monitor(8, display=display)
+    monitor.sampler = FakeSampler(gpu_util=None)
+    _fit_tiny(keras, monitor)
+    *live, picture = shown
+    assert len(live) == (display == "widget")  # the dashboard's widget, kept live
+    assert picture.format == "png" and picture.data[:4] == b"\x89PNG"
+    assert picture.data == monitor.chart_png(dpi=100)  # the dashboard's chart, same figures
+    out = capsys.readouterr().out
+    assert out.endswith(str(monitor.summary()) + "\n")
+    assert str(monitor.summary()).startswith("mdtrain monitor: 9 steps")
+    assert ("epoch 1/2:" in out) == (display == "text")
+
+
+def test_outside_a_notebook_or_with_display_none_no_picture(keras, monkeypatch, capsys):
+    import IPython.display
+
+    from mdtrain.monitor import make_monitor
+
+    shown = []
+    monkeypatch.setattr(IPython.display, "display", shown.append)
+    _fit_tiny(keras, make_monitor(8, display="text"), epochs=1)  # a terminal: text only
+    assert shown == [] and "mdtrain monitor:" in capsys.readouterr().out
+    monkeypatch.setattr(IPython, "get_ipython", NotebookShell)
+    _fit_tiny(keras, make_monitor(8, display="none"), epochs=1)
+    assert shown == [] and capsys.readouterr().out == ""
+
+
+# The cells of a notebook that trains as a reader's notebook does: one default, no display code.
+KERNEL_CELLS = [
+    "import os\nimport numpy as np\nimport keras\nimport mdtrain\n"
+    "x = np.random.default_rng(0).random((320, 16, 16, 3), dtype='float32')\n"
+    "y = np.arange(320) % 4\n"
+    "model = keras.Sequential([keras.Input((16, 16, 3)), keras.layers.Conv2D(8, 3),\n"
+    "    keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(4)])\n"
+    "model.compile('adam', keras.losses.SparseCategoricalCrossentropy(from_logits=True))",
+    "os.environ.pop('MDTRAIN_SMOKE', None)  # a real run: the live dashboard\n"
+    "model.fit(x, y, batch_size=32, epochs=2, verbose=0, callbacks=[mdtrain.make_monitor(32)])",
+    "os.environ['MDTRAIN_SMOKE'] = '1'  # CI's nbval run: text\n"
+    "model.fit(x, y, batch_size=32, epochs=2, verbose=0, callbacks=[mdtrain.make_monitor(32)])",
+]
+
+
+@pytest.mark.slow
+def test_a_saved_notebook_keeps_the_monitors_picture(monkeypatch):
+    """In a real kernel, live and in smoke mode, the cell keeps a PNG and the summary.
+
+    What a reader on GitHub, nbviewer or Kaggle's viewer sees: the notebook as
+    notebooks/regenerate.py saves it, widget views dropped.
+    """
+    import base64
+    import importlib.util
+
+    import nbformat
+    from nbclient import NotebookClient
+
+    spec = importlib.util.spec_from_file_location("regenerate", REPO / "notebooks/regenerate.py")
+    regenerate = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(regenerate)
+    monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "2")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in KERNEL_CELLS])
+    NotebookClient(nb, kernel_name="python3", timeout=300).execute()
+    live_widget = [o for o in nb.cells[1].outputs if regenerate._WIDGET in o.get("data", {})]
+    saved = regenerate.scrub_notebook(nb)
+    for cell in saved.cells[1:]:
+        pictures = [i for i, o in enumerate(cell.outputs) if "image/png" in o.get("data", {})]
+        assert len(pictures) == 1, [o.output_type for o in cell.outputs]
+        picture, below = cell.outputs[pictures[0]], cell.outputs[pictures[0] + 1]
+        assert base64.b64decode(picture.data["image/png"])[:4] == b"\x89PNG"
+        assert below.name == "stdout" and below.text.startswith("mdtrain monitor: "), below
+        assert "\n  verdict: " in below.text
+    smoke_text = "".join(o.get("text", "") for o in saved.cells[2].outputs)
+    assert live_widget and "epoch 1/2:" in smoke_text

@@ -49,12 +49,13 @@ _SCRIPT = textwrap.dedent(
         expected.append(geometry.split(geometry.last_batch_size))
         out["shapes"][f"{n}/{gb}/{r}"] = [sizes, expected]
 
-    def runs(name, dataset, cases, floor=1e-12, **kwargs):
+    def runs(name, dataset, cases, floor=1e-12, spe=1, **kwargs):  # the reference: 1 step a call
         ref = nm.train_weights(strategies[1], dataset, **kwargs)
         for replicas, loss, loop in cases:
             try:
                 strategy = strategies[replicas]
-                got = nm.train_weights(strategy, dataset, loss=loss, loop=loop, **kwargs)
+                got = nm.train_weights(strategy, dataset, loss=loss, loop=loop,
+                                       steps_per_execution=spe, **kwargs)
                 result = [nm.max_relative_difference(got, ref, floor), None]
             except Exception as error:
                 result = [None, f"{type(error).__name__}: {str(error)[:300]}"]
@@ -66,6 +67,13 @@ _SCRIPT = textwrap.dedent(
     ], epochs=1, model="small-cnn")
     runs("small", nm.fixed_dataset(5, 16), [(4, "exact", "custom"), (4, "exact", "fit")],
          epochs=2, model="small-cnn")
+    # 3 steps per call over epochs of 5 (the last batch 11 = 3+3+3+2): calls of 3 and 2 steps;
+    # then 5 examples (2/2/1/0), one step: a call that ends with the data.
+    five = nm.fixed_dataset(75, 16)
+    runs("spe3", five, [(4, "exact", "fit"), (4, "exact", "custom"), (1, "exact", "fit")],
+         epochs=2, model="small-cnn", spe=3)
+    runs("spe3-small", nm.fixed_dataset(5, 16), [(4, "exact", "fit"), (4, "exact", "custom")],
+         epochs=2, model="small-cnn", spe=3)
     runs("weighted", nm.fixed_dataset(31, 16), [(2, "exact", "custom")],
          epochs=1, class_weights=[0.5, 1.0, 3.0], model="small-cnn")
     # EfficientNet-Lite0: fine-tuning a pretrained base (its BatchNorm in inference mode).
@@ -87,6 +95,12 @@ _SCRIPT = textwrap.dedent(
         for loop in ("fit", "custom")
     )
     out["fit_vs_custom"] = nm.max_relative_difference(fit, custom)
+    fit, custom = (
+        nm.train_weights(strategies[2], five, epochs=2, model="small-cnn", loop=loop,
+                         steps_per_execution=3)
+        for loop in ("fit", "custom")
+    )
+    out["fit_vs_custom_spe3"] = nm.max_relative_difference(fit, custom)
     print("RESULT " + json.dumps(out))
     """
 )
@@ -163,6 +177,11 @@ def test_batch_geometry_split_matches_tf_distribute(measured):
         "partial 4 exact fit",
         "partial 4 exact custom",
         "small 4 exact custom",
+        "spe3 4 exact fit",
+        "spe3 4 exact custom",
+        "spe3 1 exact fit",
+        "spe3-small 4 exact fit",
+        "spe3-small 4 exact custom",
     ],
 )
 def test_replicas_train_like_one_replica(measured, key):
@@ -254,6 +273,7 @@ def test_keras_fit_fails_on_an_uneven_first_batch(baselines):
 @pytest.mark.slow
 def test_fit_and_custom_loop_give_identical_weights(measured):
     assert measured["fit_vs_custom"] == 0.0
+    assert measured["fit_vs_custom_spe3"] == 0.0  # also with 3 steps per call
 
 
 def test_max_relative_difference():

@@ -234,3 +234,87 @@ def test_training_and_validation_datasets_run_without_the_autotuning_model(split
     data = _inputs(splits)
     for ds in (data.train_epochs(0, 2), data.val_ds):
         assert ds.options().autotune.enabled is False
+
+
+# --- several workers: each decodes only its replicas' slices ---------------------------
+
+
+def _split(batch, parts: int) -> list:
+    """`batch` cut into `parts` contiguous slices as `tf.distribute` cuts it (`BatchGeometry`)."""
+    from mdtrain.distribute import BatchGeometry
+
+    sizes = BatchGeometry(len(batch[1]), len(batch[1]), parts).split(len(batch[1]))
+    ends = np.cumsum(sizes)
+    return [tuple(x[e - n : e] for x in batch) for n, e in zip(sizes, ends, strict=True)]
+
+
+def _worker_elements(data, workers: int, per_worker: int, **kw) -> list[list]:
+    """Each worker's per-replica batches, as `distribute_datasets_from_function` builds them."""
+    contexts = [
+        tf.distribute.InputContext(workers, w, workers * per_worker) for w in range(workers)
+    ]
+    return [[tuple(x.numpy() for x in e) for e in data.train_epochs(context=c, **kw)]
+            for c in contexts]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "cache, augment_in, workers, per_worker",
+    [("none", "pipeline", 2, 1), ("none", "model", 2, 2), ("memory", "pipeline", 3, 1)],
+)
+def test_worker_slices_are_the_one_process_batches_cut_as_tf_distribute_cuts_them(
+    splits, cache, augment_in, workers, per_worker
+):
+    # 50 images in batches of 16 end with a batch of 2: some replicas get empty slices.
+    whole = [tuple(x.numpy() for x in b) for b in
+             _inputs(splits, cache=cache, augment_in=augment_in).train_epochs(0, 2)]  # fmt: skip
+    sliced = _worker_elements(_inputs(splits, cache=cache, augment_in=augment_in), workers,
+                              per_worker, first_epoch=0, last_epoch=2)  # fmt: skip
+    replicas = workers * per_worker
+    for w, elements in enumerate(sliced):
+        assert len(elements) == len(whole) * per_worker
+        for step, batch in enumerate(whole):
+            expected = _split(batch, replicas)[w * per_worker : (w + 1) * per_worker]
+            got = elements[step * per_worker : (step + 1) * per_worker]
+            for a, b in zip(expected, got, strict=True):
+                assert len(a) == len(b) and all(
+                    np.array_equal(x, y) for x, y in zip(a, b, strict=True)
+                )
+    # The last batch of 2 leaves the last worker's replicas empty when there are more than 2.
+    assert (len(sliced[-1][-1][1]) == 0) == (replicas > 2)
+
+
+def test_a_worker_decodes_only_its_slices(splits, monkeypatch):
+    import mdtrain.pipeline as pipeline
+
+    decoded = tf.Variable(0, dtype=tf.int64)
+
+    def counting(path, size):
+        with tf.control_dependencies([decoded.assign_add(1)]):
+            return load_image(path, size)
+
+    monkeypatch.setattr(pipeline, "load_image", counting)
+    data = _inputs(splits, cache="none")
+    (elements,) = _worker_elements(data, 1, 1)  # one worker: the whole epoch
+    assert decoded.numpy() == 50 and sum(len(e[1]) for e in elements) == 50
+    decoded.assign(0)
+    _worker_elements(data, 2, 1)  # each of 2 workers: its half
+    assert decoded.numpy() == 50
+
+
+def test_resumed_worker_skips_whole_steps(splits):
+    data = _inputs(splits, cache="none", augment_in="model")
+    full = _worker_elements(data, 2, 2, first_epoch=0, last_epoch=2)
+    resumed = _worker_elements(data, 2, 2, first_epoch=0, last_epoch=2, skip_steps=3)
+    for a, b in zip(full, resumed, strict=True):
+        assert len(b) == len(a) - 3 * 2
+        assert all(np.array_equal(x, y) for e, f in zip(a[6:], b, strict=True)
+                   for x, y in zip(e, f, strict=True))  # fmt: skip
+
+
+def test_worker_validation_slices(splits):
+    data = _inputs(splits, cache="none")
+    (batch,) = _batches(data.val_ds)  # 10 images
+    for w, expected in enumerate(_split(batch, 2)):
+        context = tf.distribute.InputContext(2, w, 2)
+        (got,) = _batches(data._val_batches(context))  # what for_strategy gives worker w
+        assert all(np.array_equal(x, y) for x, y in zip(expected, got, strict=True))

@@ -66,3 +66,21 @@ def test_resume_in_the_last_epoch_leaves_one_segment():
 
 def test_a_finished_run_has_nothing_left():
     assert plan_run(2, 1, 1e-3, 10, ResumePoint(epoch=3, path=BACKUP)) == []
+
+
+def test_warm_up_belongs_to_the_training_phase_and_survives_a_resume():
+    point = ResumePoint(epoch=1, step=4, phase=0, path=BACKUP)
+    rest, whole, tune = plan_run(3, 2, 1e-3, 10, point, warmup_epochs=2)
+    assert rest.warmup_steps == whole.warmup_steps == 20 and tune.warmup_steps == 0
+    assert rest.schedule().get_config() == whole.schedule().get_config()  # one schedule
+
+
+def test_the_learning_rate_rises_from_0_then_decays_to_a_tenth():
+    pytest.importorskip("keras")
+    (segment,) = plan_run(4, 0, 1e-3, 10, warmup_epochs=1)
+    rate = segment.schedule()
+    at = {step: float(rate(step)) for step in (0, 5, 10, 25, 40)}
+    assert at[0] == 0.0 and at[5] == pytest.approx(5e-4) and at[10] == pytest.approx(1e-3)
+    assert 1e-4 < at[25] < 1e-3 and at[40] == pytest.approx(1e-4)
+    (plain,) = plan_run(4, 0, 1e-3, 10)
+    assert float(plain.schedule()(0)) == pytest.approx(1e-3)  # no warm-up: the peak at once

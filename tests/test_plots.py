@@ -144,13 +144,51 @@ def test_history_curves_train_and_val():
     assert [len(ax.lines) for ax in fig.axes] == [1, 1]
 
 
+def test_history_curves_of_two_runs_with_the_phase_boundary():
+    plain = [{"loss": 1.0, "val_loss": 1.2, "accuracy": 0.5, "val_accuracy": 0.4}] * 3
+    runs = {"plain": plain, "mdtrain": [{"loss": 0.9, "accuracy": 0.6}] * 2}
+    loss_ax, acc_ax = plots.history_curves(runs, boundary=2).axes
+    labels = ["plain train", "plain validation", "mdtrain train"]
+    assert [line.get_label() for line in loss_ax.lines][:3] == labels
+    assert loss_ax.lines[-1].get_xdata()[0] == 2.5  # the dashed line after epoch 2
+    assert acc_ax.get_ylim()[0] > 0.3  # without num_classes the axis fits the curves
+
+
+def test_throughput_bars_on_a_log_scale_first_on_top():
+    timings = {
+        "slow": {"median": 100, "min": 90, "max": 120},
+        "fast": {"median": 1e4, "min": 9e3, "max": 1.1e4},
+    }
+    (ax,) = plots.throughput_bars(timings).axes
+    assert ax.get_xscale() == "log"
+    (bars,) = [c for c in ax.containers if isinstance(c, BarContainer)]
+    np.testing.assert_allclose([b.get_width() for b in bars.patches], [100, 1e4])
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["slow", "fast"]
+    assert ax.yaxis_inverted()
+    assert [t.get_text() for t in ax.texts] == ["100", "10,000"]
+
+
+def test_overlap_timeline_draws_each_batch_in_its_lane():
+    batch = {"input": (0.0, 0.01), "step": (0.01, 0.03)}
+    later = {"input": (0.03, 0.04), "step": (0.04, 0.06)}
+    fig = plots.overlap_timeline({"without prefetch": [batch, later], "with": [batch]})
+    top, bottom = fig.axes
+    step, inputs = top.collections[0], top.collections[1]  # batch 0: step, then input
+    np.testing.assert_allclose(step.get_paths()[0].get_extents().x0, 10)
+    np.testing.assert_allclose(inputs.get_paths()[0].get_extents().x1, 10)
+    assert len(top.collections) == 4 and len(bottom.collections) == 2
+    assert top.get_title(loc="left") == "without prefetch: 2 batches in 60 ms"
+
+
 def test_accuracy_comparison_one_axis_zero_to_one_with_chance():
     imagenet = [{"val_accuracy": 0.9}, {"val_accuracy": 0.95}]
     runs = {"imagenet": imagenet, "scratch": [{"val_accuracy": 0.3}]}
     (ax,) = plots.accuracy_comparison(runs, chance=0.2, boundary=1).axes
-    assert [line.get_label() for line in ax.lines[:3]] == ["imagenet", "scratch", "chance (0.20)"]
-    np.testing.assert_allclose(ax.lines[0].get_ydata(), [0.9, 0.95])
-    assert ax.lines[2].get_ydata()[0] == 0.2
+    labelled = [line for line in ax.lines if not line.get_label().startswith("_")]
+    assert [line.get_label() for line in labelled] == ["imagenet", "scratch", "chance (0.20)"]
+    np.testing.assert_allclose(labelled[0].get_ydata(), [0.9, 0.95])
+    assert labelled[2].get_ydata()[0] == 0.2
+    assert [line.get_xdata()[0] for line in ax.lines if line not in labelled] == [1.5]  # boundary
     assert ax.get_ylim()[0] == 0 and ax.get_ylim()[1] >= 1
 
 

@@ -30,13 +30,19 @@ print(json.dumps({"probabilities": model.predict(images, verbose=0).tolist(),
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model", ["small-cnn", "efficientnet-lite0"])
-def test_saved_model_loads_and_predicts_without_mdtrain(tmp_path, tiny_dataset, model):
+@pytest.mark.parametrize(
+    ("model", "batch_norm"),
+    [("small-cnn", "exact"), ("efficientnet-lite0", "exact"), ("small-cnn", "synchronized"),
+     ("small-cnn", "local")],
+)  # fmt: skip
+def test_saved_model_loads_and_predicts_without_mdtrain(tmp_path, tiny_dataset, model,
+                                                        batch_norm):  # fmt: skip
     out = tmp_path / "run"
     trained = run_mdtrain(
         "train", "--data", str(tiny_dataset), "--model", model, "--weights", "none",
         "--image-size", "32", "--epochs", "1", "--strategy", "cpu:2",
         "--global-batch-size", "8", "--output", str(out), "--monitor", "none",
+        "--batch-norm", batch_norm,
     )  # fmt: skip
     assert trained.returncode == 0, trained.stderr
     images = sorted(str(p) for p in (tiny_dataset / "val").rglob("*.jpg"))

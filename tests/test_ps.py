@@ -71,6 +71,33 @@ def test_serve_refuses_a_task_that_is_not_ps_or_worker(monkeypatch):
         ps.serve()
 
 
+def test_ps_and_worker_tasks_grow_gpu_memory_before_their_server_starts(monkeypatch):
+    import tensorflow as tf
+
+    calls = []
+    cluster = json.loads(_CHIEF_TF_CONFIG)["cluster"]
+    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": cluster,
+                                                "task": {"type": "ps", "index": 0}}))  # fmt: skip
+    monkeypatch.setattr(tf.config, "list_physical_devices",
+                        lambda kind=None: ["GPU:0", "GPU:1"] if kind == "GPU" else [])  # fmt: skip
+    monkeypatch.setattr(tf.config.experimental, "set_memory_growth",
+                        lambda gpu, grow: calls.append(("growth", gpu, grow)))  # fmt: skip
+
+    class Server:  # a real one would start the devices, then serve forever
+        target = "grpc://fake"
+
+        def __init__(self, cluster, job_name, **kwargs):
+            calls.append(("server", job_name))
+
+        def join(self):
+            calls.append(("join",))
+
+    monkeypatch.setattr(tf.distribute, "Server", Server)
+    ps.serve()
+    assert calls == [("growth", "GPU:0", True), ("growth", "GPU:1", True), ("server", "ps"),
+                     ("join",)]  # fmt: skip
+
+
 @pytest.mark.slow  # each case starts the chief, and TensorFlow, in a subprocess
 @pytest.mark.parametrize(
     "args, line",
@@ -82,7 +109,7 @@ def test_serve_refuses_a_task_that_is_not_ps_or_worker(monkeypatch):
 )  # fmt: skip
 def test_chief_bad_input_is_one_line_and_exit_2(args, line):
     done = subprocess.run(
-        [sys.executable, "-m", "mdtrain.ps", "chief", *args],
+        [sys.executable, "-m", "mdtrain", "train", "--strategy", "ps", *args],
         capture_output=True,
         text=True,
         timeout=120,

@@ -31,6 +31,8 @@ TRAIN_ARGS = [
     "--global-batch-size",
     "10",
     "--deterministic",
+    "--warmup-epochs",  # killed within the warm-up: resumed on the same schedule
+    "1",
     "--monitor",
     "none",
 ]

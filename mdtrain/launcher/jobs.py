@@ -92,12 +92,13 @@ def run_workers(
     """Runs `command` as `num_workers` cooperating workers and waits for them.
 
     Each worker gets a free port on `host`, its own `TF_CONFIG` (worker 0 is the
-    chief), `MDTRAIN_WORKER_INDEX` and `MDTRAIN_ATTEMPT` (1, 2, ...). Output lines
-    go to `stream` as `[worker i] ...` and are appended to `log_dir/worker-i.log`
-    under a `=== attempt k ===` header. A worker that exits non-zero stops the
-    others; while restarts are left all start again on fresh ports, and resuming
-    is the command's job (`--backup-dir`). Keep `host` on loopback or a trusted
-    network (`mdtrain.launcher`, "Security").
+    chief), `MDTRAIN_WORKER_INDEX`, `MDTRAIN_ATTEMPT` (1, 2, ...) and, like every
+    task mdtrain starts, `CUDA_DEVICE_ORDER=PCI_BUS_ID` (GPUs numbered as
+    `nvidia-smi` numbers them). Output lines go to `stream` as `[worker i] ...`
+    and are appended to `log_dir/worker-i.log` under a `=== attempt k ===` header.
+    A worker that exits non-zero stops the others; while restarts are left all
+    start again on fresh ports, and resuming is the command's job (`--backup-dir`).
+    Keep `host` on loopback or a trusted network (`mdtrain.launcher`, "Security").
 
     Args:
         command: The program and its arguments that every worker runs.
@@ -281,9 +282,8 @@ def launch(
 
     Args:
         num_workers: How many workers to start. Must be at least 1.
-        train_args: Arguments for `mdtrain train` (with `num_ps`, also
-            `mdtrain.ps`'s `--log-every`); a `--strategy` among them must be
-            `multiworker` (`ps` with `num_ps`), and is added for you.
+        train_args: Arguments for `mdtrain train`; a `--strategy` among them
+            must be `multiworker` (`ps` with `num_ps`), and is added for you.
         restarts: How many times to restart all workers after one fails;
             not with `num_ps`. Defaults to `0`.
         num_ps: Parameter servers; more than 0 runs parameter-server training.
@@ -310,9 +310,9 @@ def launch(
         raise UsageError(
             "--restarts with --ps: a parameter-server job outlives a lost worker; drop --restarts"
         )
-    # `ps` is what the chief runs anyway: the option goes.
     why = "launch --ps runs parameter-server training; drop --strategy"
-    chief = [sys.executable, "-m", "mdtrain.ps", "chief", *_without_strategy(train_args, "ps", why)]
+    chief = [sys.executable, "-m", "mdtrain", "train"]
+    chief += [*_without_strategy(train_args, "ps", why), "--strategy", "ps"]
     server = [sys.executable, "-m", "mdtrain.ps", "serve"]
     return _run_ps_cluster(chief, server, num_workers, num_ps, **kwargs)
 
@@ -324,8 +324,13 @@ def _run_ps_cluster(
     """Runs `num_ps` servers, `num_workers` workers and a chief; the job ends with the chief."""
     if num_workers < 1 or num_ps < 1:
         raise UsageError(f"--workers {num_workers} --ps {num_ps}: pass at least 1 of each")
+    # The chief counts a worker's GPUs as replicas, and each would take a whole batch.
+    if (options.get("gpus_per_worker") or 0) > 1:
+        raise UsageError(f"--gpus-per-worker {options['gpus_per_worker']} with --ps: a "
+                         "parameter-server worker computes on one GPU; pass 1 or 0")  # fmt: skip
     chief, *rest = free_addresses(1 + num_workers + num_ps, host)  # a bad host fails first
-    job = Job(num_workers, f"{num_ps} ps, {num_workers} workers and a chief", host=host, **options)
+    job = Job(num_workers, f"{num_ps} ps, {num_workers} workers and a chief", host=host,
+              most_gpus_per_worker=1, **options)  # fmt: skip
     cluster = {"chief": [chief], "worker": rest[:num_workers], "ps": rest[num_workers:]}
 
     def start_and_watch() -> int:

@@ -82,15 +82,20 @@ class Job:
         env: dict[str, str] | None = None,
         stream: TextIO | None = None,
         gpus_per_worker: int | None = None,
+        most_gpus_per_worker: int | None = None,
     ):
         if hang_timeout_s is not None and hang_timeout_s <= 0:
             raise UsageError(f"hang timeout {hang_timeout_s}: pass a positive number of seconds")
-        devices = worker_devices(num_workers, visible_gpus(env), gpus_per_worker)
+        gpus = visible_gpus(env)
+        if most_gpus_per_worker is not None:  # at most this many each; the rest stay unused
+            gpus = gpus[: most_gpus_per_worker * num_workers]
+        devices = worker_devices(num_workers, gpus, gpus_per_worker)
         chosen = gpus_per_worker is None
         # Each worker's CUDA_VISIBLE_DEVICES; None without GPUs: the launcher's environment.
         self.gpus = None if chosen and not devices.gpus else list(devices.cuda_visible_devices)
         self.hang_timeout_s = hang_timeout_s
-        self.env = dict(os.environ if env is None else env)
+        # CUDA numbers GPUs as NVML (the shares above, nvidia-smi, the monitor), not fastest first.
+        self.env = dict(os.environ if env is None else env, CUDA_DEVICE_ORDER="PCI_BUS_ID")
         # After the checks: a usage error leaves no log folder behind.
         self.log_dir = Path(tempfile.mkdtemp(prefix="mdtrain-") if log_dir is None else log_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)

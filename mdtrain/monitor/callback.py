@@ -6,6 +6,7 @@ exposes it lazily so the samplers stay importable without TensorFlow.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import sys
 import time
@@ -14,6 +15,7 @@ import keras
 
 from mdtrain.monitor.sampler import Sampler
 from mdtrain.monitor.summary import (
+    Chart,
     Summary,
     epoch_line,
     in_notebook_kernel,
@@ -29,8 +31,12 @@ class MonitorCallback(keras.callbacks.Callback):
     Measures images/sec, step time and input wait, and samples GPUs and CPU.
     ``display="auto"`` shows the ipywidgets dashboard inside a notebook kernel
     (unless ``MDTRAIN_SMOKE=1``) and one text line per epoch otherwise;
-    ``"none"`` measures without printing. ``monitor.summary()`` gives the
-    figures and verdict after training. ``mdtrain.make_monitor`` is this class.
+    ``"none"`` measures without printing. At the end it prints the summary,
+    first line ``mdtrain monitor: ...``; in a notebook kernel the chart of the
+    run (images/sec and utilisation over time) comes above it as a PNG, which
+    a saved notebook keeps for viewers without a kernel (GitHub, nbviewer,
+    Kaggle). ``monitor.summary()`` gives the figures and verdict after
+    training. ``mdtrain.make_monitor`` is this class.
 
     Images are counted on the GLOBAL batch (all replicas). A model that
     records its last step as ``model.last_step`` (mdtrain's `ExactTrainer`
@@ -83,6 +89,10 @@ class MonitorCallback(keras.callbacks.Callback):
         self.meter = ThroughputMeter(self.global_batch_size)
         self.sampler = Sampler(interval_s, quiet=self.display == "none")
         self.dashboard = None  # the live view of the latest run, with display="widget"
+        # (time, images/sec) once per sampling interval: the chart's rate line, an hour of it.
+        self._rates: collections.deque[tuple[float, float]] = collections.deque(maxlen=7200)
+        self._chart: Chart | None = None  # made on first use: one figure per monitor
+        self._next_rate = 0.0
         self.epoch = 0  # the current epoch, zero-based
         self._epochs = epochs
         self._steps = steps_per_epoch
@@ -131,6 +141,7 @@ class MonitorCallback(keras.callbacks.Callback):
         self.meter = ThroughputMeter(self.global_batch_size)
         self.epoch = 0
         self.dashboard = None
+        self._rates.clear()
         self.sampler.start()
         self._train_t0 = self._epoch_t0 = time.monotonic()
         self._training = True
@@ -166,6 +177,12 @@ class MonitorCallback(keras.callbacks.Callback):
             step.batch_size if step is not None else None,
             step.input_wait_s if step is not None else None,
         )
+        now = time.monotonic()
+        if now >= self._next_rate:  # the chart's rate line: a point per sampling interval
+            self._next_rate = now + self.sampler.interval_s
+            rate = self.meter.current_rates().images_per_sec
+            if rate is not None:
+                self._rates.append((now, rate))
 
     def on_epoch_end(self, epoch, logs=None):
         if self.display == "text":
@@ -176,8 +193,13 @@ class MonitorCallback(keras.callbacks.Callback):
         if self._in_run:
             return
         self._finish()
-        if self.display != "none":
-            print(self.summary(), flush=True)
+        if self.display == "none":
+            return
+        if in_notebook_kernel():  # the picture a saved notebook keeps, where widgets do not show
+            from IPython.display import Image, display
+
+            display(Image(self.chart_png(dpi=100), format="png"))
+        print(self.summary(), flush=True)
 
     def summary(self) -> Summary:
         """The run's `Summary`: final after training, a live snapshot during it.
@@ -190,6 +212,21 @@ class MonitorCallback(keras.callbacks.Callback):
         return summarize(
             self.meter.train_rates(), samples, augments_on_device=self.augments_on_device
         )
+
+    def chart_png(self, dpi: int = 72) -> bytes:
+        """The run's chart as PNG bytes: images/sec and each device's utilisation over time.
+
+        Args:
+            dpi: Pixels per inch of the 8 x 2.4 inch figure. Defaults to ``72``
+                (the live dashboard's; the picture left at the end has 100).
+
+        Returns:
+            A PNG of the dashboard's chart, drawn from the figures so far.
+        """
+        if self._chart is None:
+            self._chart = Chart()
+        samples = self.sampler.history(since=self._train_t0)
+        return self._chart.render(list(self._rates), samples, self._train_t0, dpi)
 
     def _finish(self, cell_result=None) -> None:
         """Stops sampling and the live view; runs once per run (also IPython's post_run_cell)."""

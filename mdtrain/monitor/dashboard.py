@@ -1,29 +1,23 @@
-"""The live notebook dashboard: core ipywidgets plus a matplotlib chart.
+"""The live notebook dashboard: core ipywidgets plus the monitor's chart.
 
-No JupyterLab extension beyond ipywidgets' own, so it renders on Colab and
-Kaggle. Widgets are updated from a background thread at a few hertz: the
-training thread only records numbers, which keeps the monitor's cost per step
-in microseconds (see benchmarks/monitor_overhead.py).
+No JupyterLab extension beyond ipywidgets' own, and only widgets ipywidgets 7
+and 8 share, so it renders on Colab (7.7.1) and Kaggle (8.1.5). Widgets are
+updated from a background thread at a few hertz: the training thread only
+records numbers, which keeps the monitor's cost per step in microseconds (see
+benchmarks/monitor_overhead.py).
 """
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import html
-import io
 import threading
 import time
 
 import ipywidgets as widgets
-import numpy as np
 
-from mdtrain.monitor.sampler import DeviceSample, Sample
-from mdtrain.monitor.summary import Rates, count, device_text, rate_figures, short_name
-
-MAX_POINTS = 600  # chart points kept: 2.5 minutes at the default refresh, thinned when drawn
-MAX_DRAWN = 150  # points drawn per line: more than the figure has pixels buys nothing
-Point = tuple[float, "float | None", "dict[str, float]"]
+from mdtrain.monitor.sampler import DeviceSample
+from mdtrain.monitor.summary import Rates, count, device_text, rate_figures
 
 
 class Dashboard:
@@ -35,7 +29,7 @@ class Dashboard:
 
     Args:
         monitor: The `MonitorCallback` to show: its ``meter``, ``sampler``,
-            ``epoch``, ``epochs``, ``steps_per_epoch`` and ``summary()``.
+            ``epoch``, ``epochs``, ``steps_per_epoch``, ``summary()`` and ``chart_png()``.
         refresh_s: Seconds between widget refreshes. Defaults to ``0.25``.
         chart_every_s: Least seconds between chart redraws (a redraw costs
             tens of milliseconds). Defaults to ``2.0``.
@@ -53,8 +47,6 @@ class Dashboard:
         self.monitor = monitor
         self.refresh_s = refresh_s
         self.chart_every_s = chart_every_s
-        self._points: collections.deque[Point] = collections.deque(maxlen=MAX_POINTS)
-        self._t0 = time.monotonic()
         self._last_chart = 0.0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -69,7 +61,6 @@ class Dashboard:
         self.stats = widgets.HTML("")
         self.devices = widgets.VBox([])
         self.chart = widgets.Image(format="png")
-        self._chart = Chart()
         self.verdict = widgets.HTML("")
         self.widget = widgets.VBox(
             [
@@ -97,29 +88,26 @@ class Dashboard:
         self._thread.start()
 
     def stop(self) -> None:
-        """Stops the refresh thread and shows the run's final figures (chart included).
+        """Stops the refresh thread, shows the run's final figures and verdict, hides the chart.
 
-        The final chart is also displayed as a plain image below the widget:
-        a saved notebook keeps it, and a repository page or a viewer without
-        the widget state shows it, where the live widget cannot render.
+        The monitor leaves the final chart below the widget as a plain image
+        (`MonitorCallback`), which a saved notebook keeps: shown in the widget
+        too, it would show twice.
         """
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5.0)
             self._thread = None
         self.update(final=True)
-        if self.chart.value:
-            from IPython.display import Image, display
-
-            display(Image(data=self.chart.value, format="png"))
+        self.chart.layout.display = "none"
 
     def update(self, *, final: bool = False) -> None:
         """Shows the monitor's figures now; redraws the chart if it is due.
 
         Args:
             final: Show the whole run (``monitor.summary()``: rates matching
-                the printed summary, and the verdict) and redraw the chart.
-                Defaults to ``False`` (live: the rates of the last steps).
+                the printed summary, and the verdict). Defaults to ``False``
+                (live: the rates of the last steps).
         """
         rates = self.monitor.summary() if final else self.monitor.meter.current_rates()
         sample = self.monitor.sampler.latest()
@@ -128,10 +116,8 @@ class Dashboard:
             self._show_rates(rates)
             if sample is not None:
                 self._show_devices(sample.devices)
-            self._record(rates, sample)
-            due = final or time.monotonic() - self._last_chart >= self.chart_every_s
-            if self._points and due:
-                self.chart.value = self._chart.render(list(self._points))
+            if not final and time.monotonic() - self._last_chart >= self.chart_every_s:
+                self.chart.value = self.monitor.chart_png()
                 self._last_chart = time.monotonic()
             if final:
                 self.verdict.value = f"<b>verdict:</b> {html.escape(rates.verdict, quote=False)}"
@@ -184,68 +170,9 @@ class Dashboard:
                 mem.value = 100.0 * d.memory_used / d.memory_total
             text.value = device_text(d)
 
-    def _record(self, rates: Rates, sample: Sample | None) -> None:
-        if sample is not None or rates.images_per_sec is not None:
-            devices = sample.devices if sample is not None else ()
-            util = {d.name: d.utilization for d in devices if d.utilization is not None}
-            self._points.append((time.monotonic() - self._t0, rates.images_per_sec, util))
-
 
 def _clock(seconds: float) -> str:
     seconds = int(round(seconds))
     h, rest = divmod(seconds, 3600)
     m, s = divmod(rest, 60)
     return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
-
-
-class Chart:
-    """One matplotlib figure, redrawn from new points: reusing its lines makes a redraw cheaper.
-
-    A bare ``Figure`` (no pyplot) is safe off the main thread and leaves the notebook's backend be.
-    """
-
-    def __init__(self) -> None:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-        from matplotlib.ticker import MaxNLocator
-
-        self.figure = Figure(figsize=(8, 2.4), dpi=72)
-        self.canvas = FigureCanvasAgg(self.figure)
-        self.rate_ax, self.util_ax = self.figure.subplots(1, 2)
-        self.figure.subplots_adjust(left=0.08, right=0.98, bottom=0.2, top=0.88, wspace=0.2)
-        (self.rate_line,) = self.rate_ax.plot([], [], color="tab:blue")
-        self.rate_ax.set_title("images/sec", fontsize=10)
-        self.util_ax.set_title("utilisation %", fontsize=10)
-        self.util_ax.set_ylim(0, 105)
-        for ax in (self.rate_ax, self.util_ax):
-            ax.set_xlabel("seconds", fontsize=8)
-            ax.tick_params(labelsize=7)
-            # Tick labels are most of a redraw's cost: keep few.
-            ax.xaxis.set_major_locator(MaxNLocator(4))
-            ax.yaxis.set_major_locator(MaxNLocator(4))
-        self.util_lines: dict[str, object] = {}
-
-    def render(self, points: list[Point]) -> bytes:
-        """PNG bytes of ``points``: ``(seconds, images_per_sec or None, {device: util})``."""
-        if len(points) > MAX_DRAWN:  # thinned evenly
-            keep = np.linspace(0, len(points) - 1, MAX_DRAWN).round().astype(int)
-            points = [points[i] for i in keep]
-        rated = [(t, r) for t, r, _ in points if r is not None]
-        self.rate_line.set_data([t for t, _ in rated], [r for _, r in rated])
-        if rated:
-            t0, t1 = rated[0][0], rated[-1][0]
-            self.rate_ax.set_xlim(t0, max(t1, t0 + 1.0))
-            self.rate_ax.set_ylim(0, 1.1 * max(r for _, r in rated) or 1.0)
-        for name in dict.fromkeys(name for _, _, util in points for name in util):
-            if name not in self.util_lines:
-                label = short_name(name)
-                (self.util_lines[name],) = self.util_ax.plot([], [], label=label)
-                self.util_ax.legend(fontsize=7, loc="lower right")
-            series = [(t, u[name]) for t, _, u in points if name in u]
-            self.util_lines[name].set_data([t for t, _ in series], [u for _, u in series])
-        if points:
-            t0, t1 = points[0][0], points[-1][0]
-            self.util_ax.set_xlim(t0, max(t1, t0 + 1.0))
-        buf = io.BytesIO()
-        self.canvas.print_png(buf)
-        return buf.getvalue()

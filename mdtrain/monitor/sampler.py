@@ -94,18 +94,33 @@ class CpuReader:
         )
 
 
-def _visible_indices(count: int, uuids: list[str]) -> list[int]:
+def _visible_indices(nv, uuids: list[str]) -> list[int]:
     """NVML sees every GPU; honour CUDA_VISIBLE_DEVICES so we show the ones TF uses."""
     if "CUDA_VISIBLE_DEVICES" not in os.environ:
-        return list(range(count))
+        return list(range(len(uuids)))
     chosen = []
-    for item in visible_gpus():  # indices or UUIDs, as the launcher reads them
-        uuid_matches = (i for i, u in enumerate(uuids) if u.startswith(item))
-        index = int(item) if item.isdigit() else next(uuid_matches, count)
-        if index >= count:
+    for item in visible_gpus():  # indices, UUIDs or MIG devices, as the launcher reads them
+        index = _gpu_index(nv, item, uuids)
+        if index is None:
             break  # CUDA stops at the first invalid entry
-        chosen.append(index)
+        if index not in chosen:  # two MIG devices of one GPU: one row
+            chosen.append(index)
     return chosen
+
+
+def _gpu_index(nv, item: str, uuids: list[str]) -> int | None:
+    """NVML's index of the GPU `item` names, or holds the MIG device `item` names."""
+    if item.isdigit():
+        return int(item) if int(item) < len(uuids) else None
+    if item.startswith("MIG-GPU-"):  # drivers before R470: MIG-GPU-<GPU uuid>/<gi>/<ci>
+        item = item[4:].split("/")[0]
+    elif item.startswith("MIG-"):  # MIG-<uuid>: NVML knows its GPU
+        try:
+            mig = nv.nvmlDeviceGetHandleByUUID(item.encode())
+            item = _text(nv.nvmlDeviceGetUUID(nv.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(mig)))
+        except Exception:  # NVMLError: no such device, or an NVML without MIG
+            return None
+    return next((i for i, u in enumerate(uuids) if u.startswith(item)), None)
 
 
 class NvmlReader:
@@ -126,7 +141,7 @@ class NvmlReader:
             count = pynvml.nvmlDeviceGetCount()
             handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
             uuids = [_text(pynvml.nvmlDeviceGetUUID(h)) for h in handles]
-            for index in _visible_indices(count, uuids):
+            for index in _visible_indices(pynvml, uuids):
                 name = _text(pynvml.nvmlDeviceGetName(handles[index]))
                 self._handles.append((f"GPU {index} ({name})", handles[index]))
             if not self._handles:

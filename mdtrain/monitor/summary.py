@@ -1,4 +1,4 @@
-"""The monitor's report: the verdict, the summary and its words, and where they show.
+"""The monitor's report: the verdict, the summary, its words and chart, and where they show.
 
 The text fallback (terminals, CI, smoke runs), the summary and the dashboard
 all format their figures here, so a figure reads the same in each.
@@ -7,8 +7,10 @@ all format their figures here, so a figure reads the same in each.
 from __future__ import annotations
 
 import importlib.util
+import io
 import os
 import sys
+import threading
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 
@@ -266,3 +268,70 @@ def resolve_display(display: str = "auto") -> str:
     smoke = os.environ.get("MDTRAIN_SMOKE", "") not in ("", "0")
     has_widgets = importlib.util.find_spec("ipywidgets") is not None
     return "widget" if in_notebook_kernel() and has_widgets and not smoke else "text"
+
+
+class Chart:
+    """The run's images/sec and each device's utilisation over time, as PNG bytes.
+
+    One matplotlib figure per monitor, redrawn from new points (reusing its
+    lines makes a redraw cheaper): live by the dashboard, and once at the end
+    for the picture a saved notebook keeps. A bare ``Figure`` (no pyplot) is
+    safe off the main thread and leaves the notebook's backend be.
+    """
+
+    def __init__(self) -> None:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+        from matplotlib.ticker import MaxNLocator
+
+        self.figure = Figure(figsize=(8, 2.4))
+        self.canvas = FigureCanvasAgg(self.figure)
+        self.rate_ax, self.util_ax = self.figure.subplots(1, 2)
+        self.figure.subplots_adjust(left=0.08, right=0.98, bottom=0.2, top=0.88, wspace=0.2)
+        (self.rate_line,) = self.rate_ax.plot([], [], color="tab:blue")
+        self.rate_ax.set_title("images/sec", fontsize=10)
+        self.util_ax.set_title("utilisation %", fontsize=10)
+        self.util_ax.set_ylim(0, 105)
+        for ax in (self.rate_ax, self.util_ax):
+            ax.set_xlabel("seconds", fontsize=8)
+            ax.tick_params(labelsize=7)
+            # Tick labels are most of a redraw's cost: keep few.
+            ax.xaxis.set_major_locator(MaxNLocator(4))
+            ax.yaxis.set_major_locator(MaxNLocator(4))
+        self.util_lines: dict[str, object] = {}
+        self._lock = threading.Lock()  # the dashboard's thread and the end of the run
+
+    def render(
+        self,
+        rates: Sequence[tuple[float, float]],
+        samples: Sequence[Sample],
+        t0: float,
+        dpi: int = 72,
+    ) -> bytes:
+        """PNG bytes of ``(time, images_per_sec)`` points and device samples, from ``t0`` on."""
+        with self._lock:
+            self.figure.dpi = dpi  # 72 live (cheaper redraws), more for the picture that stays
+            rated = _thin([(t - t0, r) for t, r in rates])
+            self.rate_line.set_data([t for t, _ in rated], [r for _, r in rated])
+            self.rate_ax.set_ylim(0, 1.1 * max((r for _, r in rated), default=0.0) or 1.0)
+            samples = _thin(list(samples))
+            for name in dict.fromkeys(d.name for s in samples for d in s.devices):
+                if name not in self.util_lines:
+                    (self.util_lines[name],) = self.util_ax.plot([], [], label=short_name(name))
+                    self.util_ax.legend(fontsize=7, loc="lower right")
+                series = [(s.time - t0, d.utilization) for s in samples for d in s.devices
+                          if d.name == name and d.utilization is not None]  # fmt: skip
+                self.util_lines[name].set_data([t for t, _ in series], [u for _, u in series])
+            end = max([1.0, *(t for t, _ in rated[-1:]), *(s.time - t0 for s in samples[-1:])])
+            for ax in (self.rate_ax, self.util_ax):
+                ax.set_xlim(0, end)
+            buf = io.BytesIO()
+            self.canvas.print_png(buf)
+            return buf.getvalue()
+
+
+def _thin(points: list, most: int = 150) -> list:
+    """At most ``most`` of ``points``, evenly spaced: more than the figure's pixels buys nothing."""
+    if len(points) <= most:
+        return points
+    return [points[round(i * (len(points) - 1) / (most - 1))] for i in range(most)]

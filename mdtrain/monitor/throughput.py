@@ -6,7 +6,7 @@ import collections
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from mdtrain.monitor.summary import Rates
 
@@ -20,16 +20,23 @@ class _Totals:
     seconds: float = 0.0
     wait_s: float = 0.0
     wait_seconds: float = 0.0  # step time of the steps that reported a wait
+    # (images, wait_s, seconds) unread: tensors are read with the rates, not after each step.
+    lazy: list = field(default_factory=list)
 
-    def add(self, steps: int, images: int, seconds: float, wait_s: float | None) -> None:
+    def add(self, steps: int, images, seconds: float, wait_s) -> None:
         self.steps += steps
-        self.images += images
         self.seconds += seconds
-        if wait_s is not None:
-            self.wait_s += min(wait_s, seconds)
-            self.wait_seconds += seconds
+        self.lazy.append((images, wait_s, seconds))
+        if len(self.lazy) > 1000:
+            self.rates()
 
     def rates(self) -> Rates:
+        for images, wait_s, seconds in self.lazy:
+            self.images += round(float(images))
+            if wait_s is not None:
+                self.wait_s += min(float(wait_s), seconds)
+                self.wait_seconds += seconds
+        self.lazy.clear()
         s = self.seconds
         return Rates(
             steps=self.steps,
@@ -45,7 +52,8 @@ class ThroughputMeter:
     """Step time, images/sec and input-wait share from batch hooks; a live view may read it.
 
     A step runs from the previous step's end, so it holds the input wait whatever order a loop
-    fetches and calls hooks in; the first ``warmup_steps`` (tracing, compiling) count in no rate.
+    fetches and calls hooks in; the first ``warmup_steps`` calls (tracing, compiling) count in no
+    rate, however many steps each holds.
     """
 
     def __init__(
@@ -64,7 +72,7 @@ class ThroughputMeter:
         # The last 20 `batch_end` calls: the "current" rate a live view shows.
         self._recent: collections.deque[tuple] = collections.deque(maxlen=20)
         self._train = _Totals()
-        self._seen = 0  # steps since training began, warm-up included
+        self._seen = 0  # batch_end calls since training began, warm-up included
         self.epoch_begin()
 
     def epoch_begin(self) -> None:
@@ -75,24 +83,24 @@ class ThroughputMeter:
             self._last_batch = -1
             self.epoch_step = 0  # steps finished in the current epoch
 
-    def batch_end(
-        self, batch: int, batch_size: int | None = None, input_wait_s: float | None = None
-    ) -> None:
-        """Records the steps up to Keras's ``batch`` index: several with ``steps_per_execution``."""
+    def batch_end(self, batch: int, batch_size=None, input_wait_s=None) -> None:
+        """Records the steps up to Keras's ``batch`` index: several with ``steps_per_execution``.
+
+        ``batch_size`` (their examples) and ``input_wait_s`` may be scalar tensors: read lazily.
+        """
         now = self._clock()
         with self._lock:
             steps = max(1, batch - self._last_batch)
             self._last_batch = batch
             seconds, self._last_end = max(0.0, now - self._last_end), now
-            images = int(batch_size) if batch_size is not None else self.global_batch_size * steps
-            wait = float(input_wait_s) if input_wait_s is not None else None
-            self._seen += steps
+            images = batch_size if batch_size is not None else self.global_batch_size * steps
+            self._seen += 1
             self.epoch_step += steps
             if self._seen <= self.warmup_steps:
                 return
-            self._train.add(steps, images, seconds, wait)
-            self._epoch.add(steps, images, seconds, wait)
-            self._recent.append((steps, images, seconds, wait))
+            self._train.add(steps, images, seconds, input_wait_s)
+            self._epoch.add(steps, images, seconds, input_wait_s)
+            self._recent.append((steps, images, seconds, input_wait_s))
 
     def train_rates(self) -> Rates:
         """Rates over all of training (warm-up excluded)."""

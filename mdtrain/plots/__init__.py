@@ -1,4 +1,4 @@
-"""Matplotlib figures for the notebooks: images, class counts, training curves.
+"""Matplotlib figures for the notebooks: images, class counts, training curves, throughput.
 
 Every function returns a `matplotlib.figure.Figure` and never calls
 `plt.show()`: a notebook displays the returned figure, a script saves it,
@@ -12,6 +12,7 @@ converted with `numpy.asarray`.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from itertools import product
 
 import matplotlib
 import numpy as np
@@ -38,11 +39,13 @@ __all__ = [
     "class_counts_bar",
     "history_curves",
     "image_grid",
+    "overlap_timeline",
     "recall_bars",
     "replica_class_counts_plot",
     "scaling_chart",
     "side_by_side_augmentations",
     "step_curves",
+    "throughput_bars",
 ]
 
 
@@ -289,45 +292,51 @@ def recall_bars(
 
 
 def history_curves(
-    history: Sequence[Mapping[str, float]],
+    history,
     title: str | None = None,
     num_classes: int | None = None,
+    boundary: int | None = None,
 ) -> Figure:
-    """Loss and accuracy per epoch, training against validation.
+    """Loss and accuracy per epoch, training against validation, of one run or several.
 
     The accuracy axis runs from 0 to 1, with a dotted line at chance
-    (1 / classes) when `num_classes` is given.
+    (1 / classes), when `num_classes` is given; otherwise it fits the curves.
 
     Args:
         history: one dict per epoch with `loss`, `accuracy` and optionally
             `val_loss`, `val_accuracy` (`TrainResult.history`). A Keras
-            `History` or its `.history` dict of lists is accepted too.
+            `History` or its `.history` dict of lists is accepted too, and
+            `{run label: history}` draws several runs, a colour each.
         title: figure title. Defaults to None.
         num_classes: classes of the task, for the chance line. Defaults to None.
+        boundary: epochs before a dashed line (where fine-tuning starts). Defaults to None.
 
     Returns:
-        The figure: two axes (loss, accuracy), one line per available series.
+        The figure: two axes (loss, accuracy), one line per run and available series.
     """
-    history = history_rows(history)
+    several = isinstance(history, Mapping) and "loss" not in history  # not Keras' `.history`
+    runs = {k: history_rows(v) for k, v in (history if several else {"": history}).items()}
     fig = new_figure((8.5, 3.0), title)
     axes = fig.subplots(1, 2)
     for ax, metric in zip(axes, ("loss", "accuracy"), strict=True):
-        curves = {}
-        for prefix, label in (("", "train"), ("val_", "validation")):
-            values = [epoch.get(prefix + metric) for epoch in history]
-            if any(v is not None for v in values):
-                curves[label] = [np.nan if v is None else float(v) for v in values]
-        _epoch_curves(ax, curves, ("-o", "--s"))
+        curves = {
+            f"{run} {label}".strip(): [epoch.get(prefix + metric, np.nan) for epoch in rows]
+            for run, rows in runs.items()
+            for prefix, label in (("", "train"), ("val_", "validation"))
+            if any(prefix + metric in epoch for epoch in rows)
+        }
+        _epoch_curves(ax, curves, ("-o", "--s") * len(runs), boundary)
         ax.set_title(metric, fontsize=10)
-    _accuracy_axis(axes[1], 1 / num_classes if num_classes else None)
+    if num_classes:
+        _accuracy_axis(axes[1], 1 / num_classes)
     for ax in axes:
         ax.legend(fontsize=8)
     fig.tight_layout()
     return fig
 
 
-def _epoch_curves(ax, curves: Mapping[str, Sequence[float]], styles: Sequence[str]) -> int:
-    """One line per curve over epochs 1, 2, ...; returns the longest curve's epoch count."""
+def _epoch_curves(ax, curves: Mapping[str, Sequence[float]], styles, boundary=None) -> int:
+    """One line per curve over epochs 1, 2, ... (dashed: `boundary`); returns the most epochs."""
     longest = 1
     for (label, values), style in zip(curves.items(), styles, strict=False):
         ax.plot(np.arange(1, len(values) + 1), values, style, label=label, markersize=4)
@@ -336,6 +345,8 @@ def _epoch_curves(ax, curves: Mapping[str, Sequence[float]], styles: Sequence[st
     ax.grid(alpha=0.3)
     if longest <= 20:
         ax.set_xticks(np.arange(1, longest + 1))
+    if boundary is not None:
+        ax.axvline(boundary + 0.5, color="gray", linestyle="--", linewidth=1)
     return longest
 
 
@@ -377,10 +388,8 @@ def accuracy_comparison(
         label: [float(epoch.get("val_accuracy", np.nan)) for epoch in history]
         for label, history in runs.items()
     }
-    longest = _epoch_curves(ax, curves, [f"-{marker}" for marker in "osD^v"])
+    longest = _epoch_curves(ax, curves, [f"-{marker}" for marker in "osD^v"], boundary)
     _accuracy_axis(ax, chance)
-    if boundary is not None:
-        ax.axvline(boundary + 0.5, color="gray", linestyle="--", linewidth=1)
     ax.set_xlim(0.5, longest + 0.5)
     ax.set_ylabel("val accuracy")
     return _finish_lines(fig, ax, title)
@@ -455,5 +464,56 @@ def _finish_lines(fig: Figure, ax, title: str | None) -> Figure:
     ax.legend(fontsize=8)
     if title:
         ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def throughput_bars(timings: Mapping[str, Mapping[str, float]], title: str | None = None) -> Figure:
+    """Images per second of input pipelines, a bar each on a log scale, the first on top.
+
+    Args:
+        timings: `{name: {"median", "min", "max"}}` in images per second, as
+            `mdtrain.time_epochs` returns; a whisker spans min to max.
+        title: figure title. Defaults to None.
+
+    Returns:
+        The figure: one bar per pipeline, labelled with its median.
+    """
+    median, low, high = ([t[k] for t in timings.values()] for k in ("median", "min", "max"))
+    fig = new_figure((7.0, 0.3 * len(timings) + 1.2), title)
+    ax = fig.subplots()
+    bars = ax.barh(list(timings), median, xerr=np.abs(np.subtract([low, high], median)),
+                   color=tab10_colors(1)[0], error_kw=dict(elinewidth=0.8, capsize=2))  # fmt: skip
+    ax.bar_label(bars, [f"{m:,.0f}" for m in median], fontsize=8, padding=6)
+    ax.set_xscale("log")
+    ax.set_xlim(right=max(median) * 6)  # room for the labels
+    ax.invert_yaxis()
+    ax.set_xlabel("images/s (log scale)")
+    fig.tight_layout()
+    return fig
+
+
+def overlap_timeline(runs: Mapping[str, Sequence[Mapping]], title: str | None = None) -> Figure:
+    """When the input pipeline made each batch and when the step used it: a panel per run.
+
+    Args:
+        runs: `{name: batches}`, each batch `{"input": (start, end), "step": (start, end)}`
+            in seconds from the run's start (shades alternate batch by batch).
+        title: figure title. Defaults to None.
+
+    Returns:
+        The figure: one axes per run, lanes "input" and "step", a shared time axis in ms.
+    """
+    fig = new_figure((7.5, 1.0 * len(runs) + 0.9), title)
+    axes = np.atleast_1d(fig.subplots(len(runs), 1, sharex=True))
+    for ax, (name, batches) in zip(axes, runs.items(), strict=True):
+        for (k, batch), (lane, key) in product(enumerate(batches), enumerate(("step", "input"))):
+            start, end = (1000 * t for t in batch[key])
+            ax.broken_barh([(start, end - start)], (lane - 0.35, 0.7), alpha=1 - 0.45 * (k % 2),
+                           color=tab10_colors(2)[lane])  # fmt: skip
+        end = 1000 * max(batch["step"][1] for batch in batches)
+        ax.set_yticks([0, 1], ["step", "input"])
+        ax.set_title(f"{name}: {len(batches)} batches in {end:.0f} ms", fontsize=10, loc="left")
+    axes[-1].set_xlabel("ms")
     fig.tight_layout()
     return fig

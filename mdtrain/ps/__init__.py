@@ -1,9 +1,10 @@
-"""Parameter-server training: what each task runs, `python -m mdtrain.ps serve | chief <args>`.
+"""Parameter-server training: `python -m mdtrain.ps serve` runs a ps or worker task.
 
 Parameter servers hold the variables; workers run whole steps, asynchronously,
-that the chief schedules in its loop (`loop.coordinator_fit`); `mdtrain launch
---ps M` starts every task. See docs/multi-worker.md; the servers speak
-unauthenticated gRPC (`mdtrain.launcher`, "Security").
+that the chief schedules in its loop (`loop.coordinator_fit`). The chief is
+`mdtrain train --strategy ps`; `mdtrain launch --ps M` starts every task. See
+docs/multi-worker.md; the servers speak unauthenticated gRPC
+(`mdtrain.launcher`, "Security").
 
 The thread-pool trap, handled here: a worker runs each scheduled function
 on its inter-op thread pool, which by default has one thread per core, and
@@ -14,7 +15,6 @@ every server at least `MIN_INTER_OP_THREADS` threads.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from pathlib import Path
@@ -22,8 +22,7 @@ from pathlib import Path
 import keras
 import tensorflow as tf
 
-from mdtrain import cli
-from mdtrain.config import TrainConfig
+from mdtrain.distribute import grow_gpu_memory
 from mdtrain.errors import USAGE_EXIT_CODE, UsageError
 from mdtrain.ps.loop import coordinator_fit as coordinator_fit  # re-exported: docs/multi-worker.md
 
@@ -37,12 +36,16 @@ def server_config() -> tf.compat.v1.ConfigProto:
 
 
 def serve() -> None:
-    """Runs this process as the `ps` or `worker` task named in `TF_CONFIG`, forever."""
+    """Runs this process as the `ps` or `worker` task named in `TF_CONFIG`, forever.
+
+    GPU memory grows as needed, set before the server starts its devices.
+    """
     resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
     if resolver.task_type not in ("ps", "worker"):
         raise UsageError(
             f"TF_CONFIG task type {resolver.task_type!r}: `serve` runs a ps or worker task"
         )
+    grow_gpu_memory()
     server = tf.distribute.Server(
         resolver.cluster_spec(),
         job_name=resolver.task_type,
@@ -57,7 +60,8 @@ def serve() -> None:
 class MarkAfter(keras.callbacks.Callback):
     """The fault drill: creates `mark_file` once `steps` steps are done.
 
-    A launcher may kill a worker then (`mdtrain.launcher.kill_worker_when`).
+    A launcher may kill a worker then (`mdtrain.launcher.kill_worker_when`);
+    `mdtrain train --mark-after N --mark-file F` adds it (notebook 07).
     """
 
     def __init__(self, steps: int, mark_file: str):
@@ -74,30 +78,15 @@ class MarkAfter(keras.callbacks.Callback):
             print(f"step {done}: drill mark written", flush=True)
 
 
-def _chief(argv: list[str]) -> int:
-    extra = argparse.ArgumentParser(add_help=False)
-    extra.add_argument("--log-every", type=int, default=TrainConfig.log_every,
-                       help="steps per point of the loss curve")  # fmt: skip
-    extra.add_argument("--mark-after", type=int,
-                       help="fault drill: create --mark-file after this many steps")  # fmt: skip
-    extra.add_argument("--mark-file", help="fault drill: the file to create")
-    ours, rest = extra.parse_known_args(argv)
-    args = cli.build_parser().parse_args(["train", *rest])
-    args.strategy, args.log_every = "ps", ours.log_every
-    drill = ours.mark_after is not None and ours.mark_file
-    return cli.run_train(args, [MarkAfter(ours.mark_after, ours.mark_file)] if drill else None)
-
-
 def main(argv: list[str] | None = None) -> int:
-    """`python -m mdtrain.ps serve` (a ps or worker task) or `... chief <train arguments>`."""
+    """`python -m mdtrain.ps serve`: a ps or worker task (the chief runs `mdtrain train`)."""
     argv = sys.argv[1:] if argv is None else argv
     try:
-        if argv[:1] == ["serve"]:
-            serve()
-            return 0
-        if argv[:1] == ["chief"]:
-            return _chief(argv[1:])
-        raise UsageError("usage: python -m mdtrain.ps serve | chief <mdtrain train arguments>")
+        if argv != ["serve"]:
+            raise UsageError("usage: python -m mdtrain.ps serve (the chief: mdtrain train "
+                             "--strategy ps)")  # fmt: skip
+        serve()
+        return 0
     except UsageError as error:
         print(f"mdtrain: error: {error.as_option()}", file=sys.stderr)
         return USAGE_EXIT_CODE

@@ -1,4 +1,4 @@
-"""`python -m mdtrain.ps serve | chief <args>`: what each task of a parameter-server job runs."""
+"""`python -m mdtrain.ps serve`: what the ps and worker tasks of a parameter-server job run."""
 
 from mdtrain.ps import main
 

@@ -34,29 +34,69 @@ def coordinator_fit(
 
     Keras metrics would live on the parameter servers, where two workers' updates can
     interleave and one be lost: each step returns its own sums, which the chief adds up.
+    The steps are scheduled in blocks that end every `log_every` steps and at each
+    epoch's end: a point of the loss curve, and a batch for the callbacks.
     """
     if log_every < 1:
         raise ValueError(f"log_every must be at least 1, not {log_every}")
-    coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
-    build_optimizer(trainer)  # on the ps, before any step
-    iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
+    blocks = _Blocks(trainer, strategy, dataset_fn, learning_rate)
+    history = keras.callbacks.History()
+    cbs = keras.callbacks.CallbackList([*(callbacks or []), history], add_progbar=verbose > 0,
+                                       model=trainer, verbose=verbose, epochs=epochs,
+                                       steps=steps_per_epoch)  # fmt: skip
+    trainer.stop_training = False
+    cbs.on_train_begin()
+    logs: dict[str, float] = {}
+    for epoch in range(initial_epoch, epochs):
+        cbs.on_epoch_begin(epoch)
+        logs = blocks.epoch(cbs, steps_per_epoch, log_every)
+        if val_ds is not None:
+            logs.update(_evaluate(trainer, val_ds, cbs))
+        cbs.on_epoch_end(epoch, logs)
+        if trainer.stop_training:
+            break
+    cbs.on_train_end(logs)
+    return history, blocks.log
 
-    @tf.function
-    def step(it):
-        return strategy.run(trainer.train_step_sums, args=(next(it),))
 
-    def run_block(steps: int) -> np.ndarray:
+class _Blocks:
+    """Schedules blocks of steps on the workers, waits for them, and keeps the curve (`log`)."""
+
+    def __init__(self, trainer, strategy, dataset_fn, learning_rate):
+        self.trainer, self.learning_rate = trainer, learning_rate
+        self.coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
+        build_optimizer(trainer)  # on the ps, before any step
+        self.iterator = iter(self.coordinator.create_per_worker_dataset(dataset_fn))
+        self.step = tf.function(lambda it: strategy.run(trainer.train_step_sums, args=(next(it),)))
+        self.log = {k: [] for k in ("steps", "loss", "accuracy", "seconds", "learning_rate")}
+        self.log |= dict(scheduled=0, completed=0, examples=0)
+        self.start = time.perf_counter()
+
+    def epoch(self, cbs, steps: int, log_every: int) -> dict[str, float]:
+        """Runs one epoch of `steps` steps in blocks; its mean loss and accuracy."""
+        done, totals = 0, np.zeros(3)
+        while done < steps:
+            block = min(log_every - self.log["completed"] % log_every, steps - done)
+            cbs.on_train_batch_begin(done)
+            sums = self.run(block)
+            totals, done = totals + sums, done + block
+            self.trainer.last_step = StepStats(int(sums[2]), None)  # the block's examples
+            cbs.on_train_batch_end(done - 1, _means(sums))
+        return _means(totals)
+
+    def run(self, steps: int) -> np.ndarray:
         """Schedules `steps` steps, waits for them; their summed loss, correct, examples."""
-        if learning_rate is not None:
+        log, optimizer = self.log, self.trainer.optimizer
+        if self.learning_rate is not None:
             # Set from the coordinator's count of steps, not the optimizer's: under parameter
             # servers `iterations` undercounts, because Keras 3's `assign_add` reads and then
-            # writes, and two workers' increments can interleave and one be lost (the optimizer
-            # races under parameter servers: keras-team/keras#18668).
-            trainer.optimizer.learning_rate = learning_rate(log["completed"])
-            log["learning_rate"].append(float(trainer.optimizer.learning_rate))
-        remote = [coordinator.schedule(step, args=(iterator,)) for _ in range(steps)]
+            # writes, and two workers' increments can interleave and one be lost (the
+            # optimizer races under parameter servers: keras-team/keras#18668).
+            optimizer.learning_rate = self.learning_rate(log["completed"])
+            log["learning_rate"].append(float(optimizer.learning_rate))
+        remote = [self.coordinator.schedule(self.step, args=(self.iterator,)) for _ in range(steps)]
         log["scheduled"] += steps
-        coordinator.join()  # raises if a step failed for a reason other than a lost worker
+        self.coordinator.join()  # raises if a step failed for a reason other than a lost worker
         # fetch() raises if this step failed; a lost worker's steps were rerun elsewhere.
         sums = np.sum([r.fetch() for r in remote], axis=0)
         log["completed"] += steps
@@ -64,37 +104,8 @@ def coordinator_fit(
         log["steps"].append(log["completed"])
         for name, value in _means(sums).items():
             log[name].append(value)
-        log["seconds"].append(time.perf_counter() - start)
+        log["seconds"].append(time.perf_counter() - self.start)
         return sums
-
-    history = keras.callbacks.History()
-    cbs = keras.callbacks.CallbackList([*(callbacks or []), history], add_progbar=verbose > 0,
-                                       model=trainer, verbose=verbose, epochs=epochs,
-                                       steps=steps_per_epoch)  # fmt: skip
-    log = {k: [] for k in ("steps", "loss", "accuracy", "seconds", "learning_rate")}
-    log |= dict(scheduled=0, completed=0, examples=0)
-    trainer.stop_training = False
-    start = time.perf_counter()
-    cbs.on_train_begin()
-    logs: dict[str, float] = {}
-    for epoch in range(initial_epoch, epochs):
-        cbs.on_epoch_begin(epoch)
-        done, totals = 0, np.zeros(3)
-        while done < steps_per_epoch:
-            block = min(log_every - log["completed"] % log_every, steps_per_epoch - done)
-            cbs.on_train_batch_begin(done)
-            sums = run_block(block)
-            totals, done = totals + sums, done + block
-            trainer.last_step = StepStats(int(sums[2]), None)  # the block's examples: the monitor
-            cbs.on_train_batch_end(done - 1, _means(sums))
-        logs = _means(totals)
-        if val_ds is not None:
-            logs.update(_evaluate(trainer, val_ds, cbs))
-        cbs.on_epoch_end(epoch, logs)
-        if trainer.stop_training:
-            break
-    cbs.on_train_end(logs)
-    return history, log
 
 
 def _means(sums) -> dict[str, float]:
@@ -124,7 +135,7 @@ def cluster_size() -> dict[str, int]:
 
 def worker_dataset_fn(config, splits, global_batch_size: int):
     """The function every worker builds its batches with: the run's `InputData`, its own seed."""
-    from mdtrain.training import input_data_for
+    from mdtrain.pipeline import input_data_for
 
     def dataset_fn():
         # Built on each worker from ONE function traced on the chief: no worker number
