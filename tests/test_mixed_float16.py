@@ -109,7 +109,7 @@ from mdtrain.training import TrainConfig, train
 result = train(TrainConfig(data=sys.argv[1], image_size=16, epochs=1, global_batch_size=10,
                            mixed_precision=True, strategy="cpu:2", monitor="none", verbose=0))
 print(json.dumps({"finite": all(bool(np.isfinite(w).all()) for w in result.model.get_weights()),
-                  "history": result.history, "policy": result.model.dtype_policy.name}))
+                  "history": result.history, "policy": result.summary()["precision"]}))
 """
 
 
