@@ -65,7 +65,9 @@ class ExactFitHooks:
     # multi-worker runs must use, keras-team/keras#20585) bit for bit. `make_train_function`
     # is public but no documented hook: checked at import. Keras' last call of an epoch runs
     # `steps_per_execution` steps even past `steps_per_epoch`, into the next epoch's batches
-    # (`InputData.train_epochs`): each call here stops at the epoch's end.
+    # (`InputData.train_epochs`): each call here stops at the epoch's end. Keras also counts
+    # N steps per call towards a dataset's known length and starts it over once they reach
+    # it, early: `fit` hides the length of epochs given back to back.
     def make_train_function(self, force=False):
         if self.train_function is not None and not force:
             return self.train_function
@@ -79,9 +81,11 @@ class ExactFitHooks:
         self.train_function = train_function
         return train_function
 
-    def fit(self, *args, steps_per_epoch=None, **kwargs):
+    def fit(self, x=None, *args, steps_per_epoch=None, **kwargs):
         self._epoch_position = (steps_per_epoch, 0)  # steps per epoch, steps done in this one
-        return super().fit(*args, steps_per_epoch=steps_per_epoch, **kwargs)
+        if steps_per_epoch and self.steps_per_execution > 1 and isinstance(x, tf.data.Dataset):
+            x = x.filter(lambda *batch: True)  # its cardinality unknown
+        return super().fit(x, *args, steps_per_epoch=steps_per_epoch, **kwargs)
 
 
 def skip_together(optimizer, gradients: list) -> list:
