@@ -58,12 +58,10 @@ def replica_loss(per_example_loss: tf.Tensor, local_count=None, *, global_count=
 
 
 def pad_empty_slice(images: tf.Tensor, labels: tf.Tensor, *more: tf.Tensor):
-    """`(images, labels, *more, 0/1 weights, real count)`; an empty slice gets one zero example.
-
-    The replica still joins the step's all-reduces; oneDNN CPU convolutions mis-shape an empty
-    batch (tensorflow/tensorflow#112639), its batch statistics would be NaN, and the fused
-    augmentation (`more`: its transforms) would compile a zero-size XLA program. Weight 0.
-    """
+    """`(images, labels, *more, 0/1 weights, real count)`; an empty slice gets one zero example."""
+    # Of weight 0; the replica still joins the step's all-reduces. oneDNN CPU convolutions
+    # mis-shape an empty batch (tensorflow/tensorflow#112639), its batch statistics would be NaN,
+    # and the fused augmentation (`more`: its transforms) would compile a zero-size XLA program.
     count = tf.shape(labels)[0]
     pad = tf.cast(tf.equal(count, 0), tf.int32)
     padded = [tf.concat([t, tf.zeros(tf.concat([[pad], tf.shape(t)[1:]], 0), t.dtype)], 0)

@@ -264,17 +264,14 @@ def resolve_display(display: str = "auto") -> str:
 
 
 class Chart:
-    """The run's images/sec and each device's utilisation over time, as PNG bytes.
-
-    One figure per monitor, its lines reused (cheaper redraws); a bare ``Figure`` (no pyplot)
-    is safe off the main thread and leaves the notebook's backend be.
-    """
+    """The run's images/sec and each device's utilisation over time, as PNG bytes."""
 
     def __init__(self) -> None:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
         from matplotlib.ticker import MaxNLocator
 
+        # A bare Figure, no pyplot: safe off the main thread, the notebook's backend left be.
         self.figure = Figure(figsize=(8, 2.4))
         self.canvas = FigureCanvasAgg(self.figure)
         self.rate_ax, self.util_ax = self.figure.subplots(1, 2)

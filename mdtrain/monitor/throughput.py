@@ -49,12 +49,10 @@ class _Totals:
 
 
 class ThroughputMeter:
-    """Step time, images/sec and input-wait share from batch hooks; a live view may read it.
+    """Step time, images/sec and input-wait share from batch hooks; a live view may read it."""
 
-    A step runs from the previous step's end, so it holds the input wait whatever order a loop
-    fetches and calls hooks in; the first ``warmup_steps`` calls (tracing, compiling) count in no
-    rate, however many steps each holds.
-    """
+    # A step runs from the previous step's end (so it holds the input wait); the first
+    # ``warmup_steps`` calls (tracing, compiling) count in no rate, whatever steps they hold.
 
     def __init__(
         self,
