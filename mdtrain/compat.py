@@ -89,15 +89,13 @@ class ExactFitHooks:
 
 
 def skip_together(optimizer, gradients: list) -> list:
-    """`gradients`, made non-finite on every replica when any replica's are not finite.
-
-    Keras 3.15's `LossScaleOptimizer._tf_apply` (MirroredStrategy's merge call) reads replica
-    0's finite flag only ("`grads` is all-reduced", but the inner optimizer sums them later):
-    an overflow on another replica reaches the weights as NaN; without a merge call
-    (multi-worker) each replica decides alone. No upstream issue yet: docs/numerics.md has
-    the reproduction. An all-reduced flag, and a NaN added to one gradient where it is set,
-    make Keras' own skip-and-halve run on every replica. Identity without loss scaling.
-    """
+    """`gradients`, made non-finite on every replica when any replica's are not finite."""
+    # Keras 3.15's `LossScaleOptimizer._tf_apply` (MirroredStrategy's merge call) reads replica
+    # 0's finite flag only ("`grads` is all-reduced", but the inner optimizer sums them later):
+    # an overflow on another replica reaches the weights as NaN; without a merge call
+    # (multi-worker) each replica decides alone. No upstream issue yet: docs/numerics.md has
+    # the reproduction. An all-reduced flag, and a NaN added to one gradient where it is set,
+    # make Keras' own skip-and-halve run on every replica. Identity without loss scaling.
     if not isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
         return gradients
     context = tf.distribute.get_replica_context()
@@ -115,21 +113,17 @@ def op_determinism_enabled() -> bool:
 
 
 def fresh_collective_keys() -> None:
-    """Gives the next `MirroredStrategy` its own range of collective keys (no public API).
-
-    Strategies over overlapping devices reuse group keys and fail (tensorflow/tensorflow#61314);
-    TensorFlow's own tests move this base the same way.
-    """
+    """Gives the next `MirroredStrategy` its own range of collective keys (no public API)."""
+    # Strategies over overlapping devices reuse group keys and fail (tensorflow/tensorflow#61314);
+    # TensorFlow's own tests move this base the same way.
     tf.distribute.MirroredStrategy._collective_key_base += 100_000
 
 
 def without_autotuning(ds: tf.data.Dataset) -> tf.data.Dataset:
-    """`ds` with tf.data's autotuning model off, so deleting its iterator never stalls.
-
-    TensorFlow runs cancellation callbacks before marking the manager cancelled, so a woken
-    model thread can sleep out its period (up to 60 s) while the deleting thread waits (no
-    upstream issue yet; `benchmarks/teardown_stall.py` reproduces it).
-    """
+    """`ds` with tf.data's autotuning model off, so deleting its iterator never stalls."""
+    # TensorFlow runs cancellation callbacks before marking the manager cancelled, so a woken
+    # model thread can sleep out its period (up to 60 s) while the deleting thread waits (no
+    # upstream issue yet; `benchmarks/teardown_stall.py` reproduces it).
     # Without the model, AUTOTUNE parallelism is the core count; prefetch keeps its own tuning.
     options = tf.data.Options()
     options.autotune.enabled = False
