@@ -134,10 +134,7 @@ def build_optimizer(trainer: keras.Model) -> None:
 
 @dataclass(frozen=True)
 class StepStats:
-    """What the last call's steps consumed: global examples, and seconds spent waiting for them.
-
-    Numbers or scalar tensors, read only when needed (`ThroughputMeter`: with its rates).
-    """
+    """The last call's global examples and seconds of input wait: numbers or scalar tensors."""
 
     batch_size: object
     input_wait_s: object

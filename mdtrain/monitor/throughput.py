@@ -84,10 +84,7 @@ class ThroughputMeter:
             self.epoch_step = 0  # steps finished in the current epoch
 
     def batch_end(self, batch: int, batch_size=None, input_wait_s=None) -> None:
-        """Records the steps up to Keras's ``batch`` index: several with ``steps_per_execution``.
-
-        ``batch_size`` (their examples) and ``input_wait_s`` may be scalar tensors: read lazily.
-        """
+        """Records the steps up to Keras's ``batch`` index: several with ``steps_per_execution``."""
         now = self._clock()
         with self._lock:
             steps = max(1, batch - self._last_batch)
