@@ -92,10 +92,11 @@ def skip_together(optimizer, gradients: list) -> list:
     """`gradients`, made non-finite on every replica when any replica's are not finite."""
     # Keras 3.15's `LossScaleOptimizer._tf_apply` (MirroredStrategy's merge call) reads replica
     # 0's finite flag only ("`grads` is all-reduced", but the inner optimizer sums them later):
-    # an overflow on another replica reaches the weights as NaN; without a merge call
-    # (multi-worker) each replica decides alone. No upstream issue yet: docs/numerics.md has
-    # the reproduction. An all-reduced flag, and a NaN added to one gradient where it is set,
-    # make Keras' own skip-and-halve run on every replica. Identity without loss scaling.
+    # an overflow on another replica reaches the weights as NaN; across workers each worker
+    # reads its own, and one that skips leaves the others' all-reduce waiting forever. No
+    # upstream issue yet: docs/numerics.md has the reproduction. An all-reduced flag, and a
+    # NaN added to one gradient where it is set, make Keras' own skip-and-halve run on every
+    # replica. Identity without loss scaling.
     if not isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
         return gradients
     context = tf.distribute.get_replica_context()
