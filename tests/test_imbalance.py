@@ -37,7 +37,7 @@ def test_auto_class_weights_reach_the_trainer(tiny_dataset):
     assert new_trainer(TrainConfig(class_weight="none"), imbalanced).class_weights is None
 
 
-def _train_tiny(strategy, batches, class_weights, exact: bool) -> list[np.ndarray]:
+def _train_tiny(strategy, batches, class_weights, exact: bool, optimizer) -> list[np.ndarray]:
     """A small conv net trained 2 epochs in float64 by `ExactTrainer` or Keras' own `fit`."""
     import keras
 
@@ -55,10 +55,10 @@ def _train_tiny(strategy, batches, class_weights, exact: bool) -> list[np.ndarra
             net = keras.Model(inputs, keras.layers.Dense(3, activation="softmax")(x))
             if exact:
                 model = ExactTrainer(net, class_weights=class_weights)
-                model.compile(optimizer=keras.optimizers.SGD(0.5))
+                model.compile(optimizer=optimizer())
             else:
                 model = net
-                model.compile(optimizer=keras.optimizers.SGD(0.5),
+                model.compile(optimizer=optimizer(),
                               loss=keras.losses.SparseCategoricalCrossentropy())  # fmt: skip
         keras_weights = None if exact or class_weights is None else dict(enumerate(class_weights))
         model.fit(batches, epochs=2, shuffle=False, verbose=0, class_weight=keras_weights)
@@ -75,9 +75,12 @@ def _max_difference(a, b) -> float:
 
 
 @pytest.mark.slow
-def test_exact_trainer_class_weights_are_keras_class_weight():
-    """ExactTrainer(class_weights=w) trains what Keras' fit(class_weight=w) trains, and the
-    weights matter: training without them ends elsewhere."""
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_exact_trainer_class_weights_are_keras_class_weight(optimizer):
+    """ExactTrainer(class_weights=w) trains what Keras' fit(class_weight=w) trains, with plain
+    SGD and with Adam (notebook 06's optimizer), and the weights matter: training without
+    them ends elsewhere."""
+    import keras
     import tensorflow as tf
 
     from mdtrain.distribute import make_strategy
@@ -89,9 +92,10 @@ def test_exact_trainer_class_weights_are_keras_class_weight():
     batches = tf.data.Dataset.from_tensor_slices((images, labels)).batch(8)  # 4 + 4 per replica
     weights = class_weights_for("auto", np.bincount(labels).tolist())
 
-    exact = _train_tiny(strategy, batches, weights, exact=True)
-    keras_weighted = _train_tiny(strategy, batches, weights, exact=False)
-    keras_unweighted = _train_tiny(strategy, batches, None, exact=False)
+    make = {"sgd": lambda: keras.optimizers.SGD(0.5), "adam": lambda: keras.optimizers.Adam(0.01)}
+    exact = _train_tiny(strategy, batches, weights, True, make[optimizer])
+    keras_weighted = _train_tiny(strategy, batches, weights, False, make[optimizer])
+    keras_unweighted = _train_tiny(strategy, batches, None, False, make[optimizer])
     assert _max_difference(exact, keras_weighted) < 1e-10
     assert _max_difference(exact, keras_unweighted) > 1e-3
 

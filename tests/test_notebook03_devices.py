@@ -18,11 +18,15 @@ import pytest
 NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "03_mirrored_strategy.ipynb"
 
 
-def _strategy_cell() -> str:
+def _cell(text: str) -> str:
     cells = nbformat.read(NOTEBOOK, as_version=4).cells
-    found = [c.source for c in cells if c.cell_type == "code" and "MirroredStrategy(" in c.source]
-    assert len(found) == 1, "notebook 03 must build its MirroredStrategy in one cell"
+    found = [c.source for c in cells if c.cell_type == "code" and text in c.source]
+    assert len(found) == 1, f"notebook 03 must have one cell with {text!r}"
     return found[0]
+
+
+def _strategy_cell() -> str:
+    return _cell("strategy = tf.distribute.MirroredStrategy(")
 
 
 class _Device(types.SimpleNamespace):
@@ -62,6 +66,17 @@ def test_notebook_strategy_uses_the_gpus_or_the_virtual_cpus(num_gpus, num_cpus,
     assert all(f"device:{kind}:" in d for d in strategy.devices), strategy.devices
     assert namespace["global_batch_size"] == 8 * replicas
     assert namespace["one_device"].devices == strategy.devices[:1]  # the reference: one of them
+
+
+@pytest.mark.parametrize(
+    ("num_devices", "counts"), [(4, [1, 2, 4]), (1, [1]), (2, [1, 2]), (3, [1, 2, 3])]
+)
+def test_scaling_measures_one_replica_up_to_every_device(num_devices, counts):
+    """Section 9's throughput runs cover 1 replica to every device (the CPU's 4, 1 GPU, 2 GPUs)."""
+    (line,) = [ln for ln in _cell("replica_counts = ").splitlines() if ln.startswith("replica_")]
+    namespace = {"devices": [f"device:{i}" for i in range(num_devices)]}
+    exec(line, namespace)  # noqa: S102  (the notebook's own line)
+    assert namespace["replica_counts"] == counts
 
 
 @pytest.mark.parametrize(("num_gpus", "virtual_cpus"), [(0, 4), (1, None), (2, None)])

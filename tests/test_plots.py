@@ -214,3 +214,28 @@ def test_replica_class_counts_plot_stacks_classes_per_replica():
     tops = [[b.get_y() + b.get_height() for b in c.patches] for c in fig.axes[1].containers]
     assert tops[-1] == [3, 3]  # each bar stacks up to its step's slice size
     assert [t.get_text() for t in fig.axes[1].get_legend().get_texts()] == CLASSES
+
+
+def test_scaling_chart_draws_each_line_and_its_ideal():
+    strong, weak = [100.0, 150.0, 160.0], [40.0, 70.0, 100.0]
+    rates = {"strong: global batch 64": strong, "weak: 16 per replica": weak}
+    (ax,) = plots.scaling_chart([1, 2, 4], rates, title="t").axes
+    labels = [line.get_label() for line in ax.lines]
+    assert labels == ["strong: global batch 64", "ideal (strong)", "weak: 16 per replica",
+                      "ideal (weak)"]  # fmt: skip
+    np.testing.assert_allclose(ax.lines[1].get_ydata(), [100, 200, 400])  # first figure x N
+    np.testing.assert_allclose(ax.lines[3].get_ydata(), [40, 80, 160])
+    assert ax.lines[0].get_color() == ax.lines[1].get_color() != ax.lines[2].get_color()
+    assert ax.get_ylim()[0] == 0 and ax.get_title() == "t"
+
+
+def test_step_curves_at_their_steps_with_marks():
+    curves = {"plain": [0.0, 0.5, 1.0, 0.8], "mdtrain": [0.0, 0.5, 1.0, 0.8]}
+    (ax,) = plots.step_curves(curves, "learning rate", steps=[0, 1, 2, 3], marks={2: "w"}).axes
+    plain, mdtrain, mark = ax.lines
+    assert (plain.get_label(), mdtrain.get_label()) == ("plain", "mdtrain")
+    assert plain.get_linewidth() > mdtrain.get_linewidth()  # equal curves stay visible
+    np.testing.assert_allclose(mdtrain.get_xdata(), [0, 1, 2, 3])
+    assert list(mark.get_xdata()) == [2, 2] and [t.get_text() for t in ax.texts] == ["w"]
+    (ax,) = plots.step_curves({"loss": [3.0, 2.0]}, "loss").axes
+    np.testing.assert_allclose(ax.lines[0].get_xdata(), [0, 1])  # steps 0, 1, ... by default

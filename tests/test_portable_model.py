@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from tests.conftest import run_mdtrain
@@ -61,3 +62,24 @@ def test_saved_model_loads_and_predicts_without_mdtrain(tmp_path, tiny_dataset, 
     for prediction, probabilities in zip(predictions, loaded["probabilities"], strict=True):
         for top in prediction["top"]:
             assert top["probability"] == pytest.approx(probabilities[top["index"]], abs=1e-5)
+
+
+def test_saved_weights_keep_the_nets_order(tmp_path):
+    """The `model.keras` mdtrain writes (Keras' BatchNormalization in place of the exact layer)
+    loads with plain Keras holding the trained net's weights in the net's order: notebook 05
+    compares it, tensor by tensor, with a plain script's model saved as it was built."""
+    import keras
+
+    from mdtrain.models import build_model
+    from mdtrain.norm import swap_batch_norm
+
+    net = build_model("small-cnn", 3, 16)
+    rng = np.random.default_rng(0)
+    net.set_weights([rng.normal(size=w.shape).astype(w.dtype) for w in net.get_weights()])
+    swap_batch_norm(net, keras.layers.BatchNormalization).save(tmp_path / "model.keras")
+    net.save(tmp_path / "plain.keras")  # mdtrain's layer, as a plain script saves it
+    for name in ("model.keras", "plain.keras"):
+        loaded = keras.models.load_model(tmp_path / name).get_weights()
+        assert len(loaded) == len(net.get_weights())
+        for got, want in zip(loaded, net.get_weights(), strict=True):
+            np.testing.assert_array_equal(got, want)

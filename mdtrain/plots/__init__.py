@@ -42,7 +42,9 @@ __all__ = [
     "overlap_timeline",
     "recall_bars",
     "replica_class_counts_plot",
+    "scaling_chart",
     "side_by_side_augmentations",
+    "step_curves",
     "throughput_bars",
 ]
 
@@ -390,7 +392,76 @@ def accuracy_comparison(
     _accuracy_axis(ax, chance)
     ax.set_xlim(0.5, longest + 0.5)
     ax.set_ylabel("val accuracy")
-    ax.legend(fontsize=8, loc="best")
+    return _finish_lines(fig, ax, title)
+
+
+def scaling_chart(
+    replicas: Sequence[int], images_per_sec: Mapping[str, Sequence[float]], title: str | None = None
+) -> Figure:
+    """Images/s against replicas, one line per way of scaling, each with its ideal, dashed.
+
+    Args:
+        replicas: the replica counts measured, ascending.
+        images_per_sec: label (e.g. "strong: global batch 64") -> one figure per count.
+        title: axis title. Defaults to None.
+
+    Returns:
+        The figure; per label a measured and an ideal `Line2D` on `fig.axes[0]`.
+    """
+    fig, ax = _line_axes((5.6, 3.2), "replicas", "images/s")
+    colors = tab10_colors(len(images_per_sec))
+    for color, (label, rates) in zip(colors, images_per_sec.items(), strict=True):
+        ax.plot(replicas, rates, "-o", color=color, label=label, markersize=4)
+        ideal, kind = [rates[0] * n / replicas[0] for n in replicas], label.split(":")[0]
+        ax.plot(replicas, ideal, "--", color=color, alpha=0.5, label=f"ideal ({kind})")
+    ax.set(xticks=list(replicas), ylim=(0, None))
+    return _finish_lines(fig, ax, title)
+
+
+def step_curves(
+    curves: Mapping[str, Sequence[float]],
+    ylabel: str,
+    steps: Sequence[int] | None = None,
+    marks: Mapping[int, str] | None = None,
+    title: str | None = None,
+) -> Figure:
+    """One line per curve against the training step, with labelled vertical marks.
+
+    Args:
+        curves: label -> one value per step, drawn thick to thin: equal curves stay visible.
+        ylabel: what the values are.
+        steps: the step of each value. Defaults to None (0, 1, 2, ...).
+        marks: step -> label, drawn as dotted vertical lines (a warm-up's end, a killed
+            worker). Defaults to None.
+        title: axis title. Defaults to None.
+
+    Returns:
+        The figure; one `Line2D` per curve on `fig.axes[0]`, then the marks.
+    """
+    fig, ax = _line_axes((6.0, 3.0), "step", ylabel)
+    colors = tab10_colors(len(curves))
+    for i, (color, (label, values)) in enumerate(zip(colors, curves.items(), strict=True)):
+        x = np.arange(len(values)) if steps is None else steps
+        ax.plot(x, values, color=color, label=label, linewidth=3.0 / (i + 1))
+    for step, label in (marks or {}).items():
+        ax.axvline(step, color="gray", linestyle=":", linewidth=1.2)
+        ax.annotate(label, (step, 1.0), xycoords=("data", "axes fraction"), fontsize=8,
+                    xytext=(3, -10), textcoords="offset points")  # fmt: skip
+    return _finish_lines(fig, ax, title)
+
+
+def _line_axes(size: tuple[float, float], xlabel: str, ylabel: str):
+    """A figure with one gridded axis, labelled; `(figure, axis)`."""
+    fig = new_figure(size)
+    ax = fig.subplots()
+    ax.set(xlabel=xlabel, ylabel=ylabel)
+    ax.grid(alpha=0.3)
+    return fig, ax
+
+
+def _finish_lines(fig: Figure, ax, title: str | None) -> Figure:
+    """The legend and the title, laid out."""
+    ax.legend(fontsize=8)
     if title:
         ax.set_title(title, fontsize=10)
     fig.tight_layout()
