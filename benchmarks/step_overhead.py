@@ -14,7 +14,7 @@ in-memory batches under the same `MirroredStrategy`:
 - `exact_custom_fit` and `exact_custom_fit_spe16`: `mdtrain.loop.custom_fit`.
 
 Every round is one fresh process (virtual CPU devices are fixed when
-TensorFlow starts) that runs every variant, in an order rotated round by
+TensorFlow starts) that runs every variant, in an order shuffled round by
 round: a warm-up `fit` of 16 steps (tracing), then a timed epoch of `--steps`
 steps. The result holds each variant's median steps/s, its spread, its ratio
 to `keras_fit` computed round by round, and the process's CPU milliseconds per
@@ -30,8 +30,10 @@ Usage, from the repository root (about 5 minutes on 2 busy cores):
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -111,6 +113,7 @@ def worker(config: dict) -> dict:
     dataset = shard_by_batch(dataset.repeat().prefetch(2))
     out = {}
     for name in config["order"]:
+        gc.collect()  # the previous variant's model and iterators
         fresh_collective_keys()
         strategy = tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(REPLICAS)])
         try:
@@ -177,7 +180,7 @@ def main(argv: list[str] | None = None) -> None:
         runs: dict[str, list] = {p + v: [] for p in sources for v in variants}
         try:
             for r in range(args.repeats):
-                order = variants[r % len(variants) :] + variants[: r % len(variants)]
+                order = random.Random(r).sample(variants, len(variants))  # no fixed neighbours
                 for prefix, source in list(sources.items())[:: 1 if r % 2 == 0 else -1]:
                     got = _round({"order": order, "steps": args.steps}, source)
                     print(f"round {r + 1} {prefix or 'now/'}: {got}", file=sys.stderr, flush=True)

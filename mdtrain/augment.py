@@ -118,11 +118,9 @@ def sample_transforms(batch_size, policy: AugmentPolicy, seed) -> dict[str, tf.T
 
 
 def pack_transforms(params: dict[str, tf.Tensor], height, width) -> tf.Tensor:
-    """Each image's whole transform as a row of 8: an affine map (6), colour gain and offset.
-
-    Composed once here, so that any slice of the rows makes the pixels the whole batch
-    would: TensorFlow's CPU kernels round sin and cos differently in vectorised code.
-    """
+    """Each image's whole transform as a row of 8: an affine map (6), colour gain and offset."""
+    # Composed once here, so that any slice of the rows makes the pixels the whole batch
+    # would: TensorFlow's CPU kernels round sin and cos differently in vectorised code.
     theta, zx, zy, flip = params["theta"], params["zx"], params["zy"], params["flip"]
     cos, sin = tf.cos(theta), tf.sin(theta)
     # About the image's centre. (ImageDataGenerator swaps the two on images that are
@@ -147,11 +145,7 @@ def pack_transforms(params: dict[str, tf.Tensor], height, width) -> tf.Tensor:
 def apply_packed(
     images: tf.Tensor, policy: AugmentPolicy, packed: tf.Tensor, kernel: str = "xla"
 ) -> tf.Tensor:
-    """Applies composed transforms (`pack_transforms`) in one resampling pass.
-
-    Kept apart from composing so that each replica can apply its slice on its own device
-    (`--augment-in model`), to the pixels the input pipeline would have made.
-    """
+    """Applies composed transforms (`pack_transforms`) in one resampling pass, on any device."""
     if kernel not in ("xla", "op"):
         raise ValueError(f"kernel {kernel!r}: expected 'xla' or 'op'")
     if policy.is_identity:
@@ -186,10 +180,7 @@ def _channel_means(images: tf.Tensor) -> tf.Tensor:
 # One compiled kernel per batch shape, dtype and sampling (two shapes per run: full, last).
 @tf.function(jit_compile=True)
 def _resample_xla(images, matrices, gain, offset, nearest: bool):
-    """Affine resampling with edge-clamped (scipy's "nearest") fill, then gain and offset.
-
-    XLA fuses it all into one loop with no image-sized temporaries.
-    """
+    """Affine resampling, edge-clamped (scipy's "nearest"), gain and offset: one fused XLA loop."""
     shape = tf.shape(images)
     batch, height, width = shape[0], shape[1], shape[2]
     channels = images.shape[-1]

@@ -109,13 +109,10 @@ def resume_point(
 
 
 def _rng_state(net: keras.Model) -> list:
-    """The dropout seed generators' state: `Layer.variables` minus `weights`, as Keras documents.
-
-    A network with dropout must have some: finding none means Keras moved it, and a resumed
-    run would silently stop being exact.
-    """
+    """The dropout seed generators' state: `Layer.variables` minus `weights`, as Keras documents."""
     weights = {id(w) for w in net.weights}
     state = [v for v in net.variables if id(v) not in weights]
+    # Dropout without any: Keras moved it, and a resumed run would silently stop being exact.
     if not state and any(isinstance(layer, keras.layers.Dropout) for layer in _all_layers(net)):
         raise RuntimeError(
             "mdtrain.backup: this Keras version keeps the dropout seed state outside "

@@ -343,11 +343,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _lost_peer(error: Exception) -> str | None:
-    """One line for a collective aborted because another worker went away, else None.
-
-    When a worker dies, the others fail in their next all-reduce; the launcher
-    then restarts or stops the job, so their tracebacks say nothing new.
-    """
+    """One line for a collective aborted because another worker went away, else None."""
+    # The launcher restarts or stops the job: the other workers' tracebacks say nothing new.
     tf = sys.modules.get("tensorflow")
     if tf is None or not isinstance(error, tf.errors.UnavailableError):
         return None

@@ -65,7 +65,9 @@ class ExactFitHooks:
     # multi-worker runs must use, keras-team/keras#20585) bit for bit. `make_train_function`
     # is public but no documented hook: checked at import. Keras' last call of an epoch runs
     # `steps_per_execution` steps even past `steps_per_epoch`, into the next epoch's batches
-    # (`InputData.train_epochs`): each call here stops at the epoch's end.
+    # (`InputData.train_epochs`): each call here stops at the epoch's end. Keras also counts
+    # N steps per call towards a dataset's known length and starts it over once they reach
+    # it, early: `fit` hides the length of epochs given back to back.
     def make_train_function(self, force=False):
         if self.train_function is not None and not force:
             return self.train_function
@@ -79,21 +81,22 @@ class ExactFitHooks:
         self.train_function = train_function
         return train_function
 
-    def fit(self, *args, steps_per_epoch=None, **kwargs):
+    def fit(self, x=None, *args, steps_per_epoch=None, **kwargs):
         self._epoch_position = (steps_per_epoch, 0)  # steps per epoch, steps done in this one
-        return super().fit(*args, steps_per_epoch=steps_per_epoch, **kwargs)
+        if steps_per_epoch and self.steps_per_execution > 1 and isinstance(x, tf.data.Dataset):
+            x = x.filter(lambda *batch: True)  # its cardinality unknown
+        return super().fit(x, *args, steps_per_epoch=steps_per_epoch, **kwargs)
 
 
 def skip_together(optimizer, gradients: list) -> list:
-    """`gradients`, made non-finite on every replica when any replica's are not finite.
-
-    Keras 3.15's `LossScaleOptimizer._tf_apply` (MirroredStrategy's merge call) reads replica
-    0's finite flag only ("`grads` is all-reduced", but the inner optimizer sums them later):
-    an overflow on another replica reaches the weights as NaN; without a merge call
-    (multi-worker) each replica decides alone. No upstream issue yet: docs/numerics.md has
-    the reproduction. An all-reduced flag, and a NaN added to one gradient where it is set,
-    make Keras' own skip-and-halve run on every replica. Identity without loss scaling.
-    """
+    """`gradients`, made non-finite on every replica when any replica's are not finite."""
+    # Keras 3.15's `LossScaleOptimizer._tf_apply` (MirroredStrategy's merge call) reads replica
+    # 0's finite flag only ("`grads` is all-reduced", but the inner optimizer sums them later):
+    # an overflow on another replica reaches the weights as NaN; across workers each worker
+    # reads its own, and one that skips leaves the others' all-reduce waiting forever. No
+    # upstream issue yet: docs/numerics.md has the reproduction. An all-reduced flag, and a
+    # NaN added to one gradient where it is set, make Keras' own skip-and-halve run on every
+    # replica. Identity without loss scaling.
     if not isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
         return gradients
     context = tf.distribute.get_replica_context()
@@ -111,21 +114,17 @@ def op_determinism_enabled() -> bool:
 
 
 def fresh_collective_keys() -> None:
-    """Gives the next `MirroredStrategy` its own range of collective keys (no public API).
-
-    Strategies over overlapping devices reuse group keys and fail (tensorflow/tensorflow#61314);
-    TensorFlow's own tests move this base the same way.
-    """
+    """Gives the next `MirroredStrategy` its own range of collective keys (no public API)."""
+    # Strategies over overlapping devices reuse group keys and fail (tensorflow/tensorflow#61314);
+    # TensorFlow's own tests move this base the same way.
     tf.distribute.MirroredStrategy._collective_key_base += 100_000
 
 
 def without_autotuning(ds: tf.data.Dataset) -> tf.data.Dataset:
-    """`ds` with tf.data's autotuning model off, so deleting its iterator never stalls.
-
-    TensorFlow runs cancellation callbacks before marking the manager cancelled, so a woken
-    model thread can sleep out its period (up to 60 s) while the deleting thread waits (no
-    upstream issue yet; `benchmarks/teardown_stall.py` reproduces it).
-    """
+    """`ds` with tf.data's autotuning model off, so deleting its iterator never stalls."""
+    # TensorFlow runs cancellation callbacks before marking the manager cancelled, so a woken
+    # model thread can sleep out its period (up to 60 s) while the deleting thread waits (no
+    # upstream issue yet; `benchmarks/teardown_stall.py` reproduces it).
     # Without the model, AUTOTUNE parallelism is the core count; prefetch keeps its own tuning.
     options = tf.data.Options()
     options.autotune.enabled = False

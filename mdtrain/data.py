@@ -66,11 +66,7 @@ class Splits:
 
 
 def tf_paths(files: list[str]) -> list[bytes]:
-    """`files` as the bytes the filesystem holds, which TensorFlow accepts for any name.
-
-    A name that is not UTF-8 reaches Python with surrogate escapes, which
-    TensorFlow cannot convert to a string tensor; its bytes open the same file.
-    """
+    """`files` as bytes: a name that is not UTF-8 (surrogate escapes) fails as a string tensor."""
     return [os.fsencode(f) for f in files]
 
 
@@ -92,10 +88,7 @@ def resolve_layout(data_dir: str | os.PathLike) -> tuple[Path, Path | None]:
 
 
 def _class_folders(folder, class_names: list[str] | None = None) -> tuple[ImageList, list[str]]:
-    """`(images, class_names)` of a folder of class folders, sorted by class then name.
-
-    A validation folder passes the training folder's `class_names`, which it must have.
-    """
+    """`(images, class_names)` of a folder of class folders (those of `class_names` if given)."""
     folder = Path(folder)
     found = _subfolders(folder)
     if class_names is not None and found != list(class_names):
@@ -119,11 +112,7 @@ def _class_folders(folder, class_names: list[str] | None = None) -> tuple[ImageL
 
 
 def _split_validation(images: ImageList, fraction: float, seed: int) -> tuple[ImageList, ImageList]:
-    """`(train, val)`: a stratified, seeded share of each class held out, each sorted like `images`.
-
-    Every class gives the same fraction (rounded), so a rare class is left
-    out of neither validation nor training.
-    """
+    """`(train, val)`: a seeded, stratified share of each class held out; sorted like `images`."""
     rng = random.Random(seed)
     by_class: dict[int, list[int]] = {}
     for i, label in enumerate(images.labels):
@@ -160,11 +149,7 @@ _MANIFEST_VERSION = 3  # 3: the reasons name WebP
 
 
 def find_undecodable(files: list[str]) -> list[SkippedFile]:
-    """The files the training decoder cannot decode, each with a one-line reason.
-
-    Results are remembered in `cache_folder()` by path, size and modification
-    time, so a second run decodes only the files that are new or changed.
-    """
+    """The files the decoder cannot decode, with a one-line reason; cached by path, size, mtime."""
     if not files:
         return []
     root = os.fsencode(os.path.commonpath([os.path.abspath(f) for f in files]))

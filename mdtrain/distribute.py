@@ -191,22 +191,18 @@ def make_strategy(strategy: str = "auto") -> tf.distribute.Strategy:
 
 
 def _mirrored_over_gpus(gpus: list) -> tf.distribute.Strategy:
-    """MirroredStrategy over every GPU; not NCCL where logical GPUs share a card.
-
-    NCCL refuses two ranks on one device ("NCCL: invalid usage", seen on an H100 split
-    in two with `set_logical_device_configuration`), the default for GPUs.
-    """
+    """MirroredStrategy over every GPU; not NCCL where logical GPUs share a card."""
+    # NCCL, the default for GPUs, refuses two ranks on one device ("NCCL: invalid usage",
+    # seen on an H100 split in two with `set_logical_device_configuration`).
     if len(gpus) > len(tf.config.list_physical_devices("GPU")):
         return tf.distribute.MirroredStrategy(cross_device_ops=tf.distribute.ReductionToOneDevice())
     return tf.distribute.MirroredStrategy()
 
 
 def _multiworker_strategy() -> tf.distribute.Strategy:
-    """MultiWorkerMirroredStrategy for a cluster described by TF_CONFIG or, failing that, Slurm.
-
-    No collective timeout: TF 2.21 starts a thread per collective that sleeps it out (8,800
-    threads per worker after a minute); heartbeats and `mdtrain launch` still catch a lost worker.
-    """
+    """MultiWorkerMirroredStrategy for a cluster described by TF_CONFIG or, failing that, Slurm."""
+    # No collective timeout: TF 2.21 starts a thread per collective that sleeps it out (8,800
+    # threads per worker after a minute); heartbeats and `mdtrain launch` catch a lost worker.
     if os.environ.get("TF_CONFIG"):
         resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
     elif os.environ.get("SLURM_JOB_ID"):
@@ -242,12 +238,9 @@ def resolve_global_batch_size(
 
 
 def shard_by_batch(dataset: tf.data.Dataset) -> tf.data.Dataset:
-    """`dataset` as training reads it: the DATA auto-shard policy, no autotuning model.
-
-    Every worker builds the same global batches as one machine; sharding by file would need
-    as many files as workers and change the batches (`InputData.for_strategy` decodes
-    only each worker's slices).
-    """
+    """`dataset` as training reads it: the DATA auto-shard policy, no autotuning model."""
+    # Every worker builds one machine's global batches; sharding by file would need as many
+    # files as workers and change the batches (`InputData.for_strategy` slices per worker).
     options = tf.data.Options()
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
     return without_autotuning(dataset.with_options(options))

@@ -86,11 +86,9 @@ def load_image(path, image_size: int):
 
 
 def _decode_reduced(contents, image_size: int):
-    """Decodes a JPEG at 1/2, 1/4 or 1/8 scale when it stays at least `image_size`.
-
-    libjpeg scales in the inverse DCT, so a 4x-too-large photo decodes about
-    as fast as a small one; the bilinear resize that follows sees fewer pixels.
-    """
+    """Decodes a JPEG at 1/2, 1/4 or 1/8 scale when it stays at least `image_size`."""
+    # libjpeg scales in the inverse DCT: a 4x-too-large photo decodes about as fast as a small
+    # one, and the bilinear resize that follows sees fewer pixels.
     import tensorflow as tf
 
     shape = tf.image.extract_jpeg_shape(contents)

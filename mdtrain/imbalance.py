@@ -10,11 +10,8 @@ from collections.abc import Sequence
 
 
 def class_weights_for(mode: str, counts: Sequence[int]) -> list[float] | None:
-    """The class weights of `--class-weight MODE`, or None for `"none"`.
-
-    `"auto"` weighs class `c` by `n / (k × n_c)` (scikit-learn's "balanced"), so
-    every class carries the same total weight; a class without examples gets 0.
-    """
+    """The class weights of `--class-weight MODE`, or None for `"none"`."""
+    # "auto": `n / (k × n_c)` (scikit-learn's "balanced"), each class the same total weight.
     if mode != "auto":
         return None
     total, k = sum(counts), len(counts)

@@ -224,11 +224,9 @@ def lite0_torch_file() -> Path:
 
 
 def _set_imagenet_weights(model) -> None:
-    """Sets `imagenet_classifier(weights=None)`'s weights from the packaged PyTorch file.
-
-    The checkpoint's modules come in the network's order, that of the Keras layers
-    with weights: they are filled in turn, `set_weights` checking every shape.
-    """
+    """Sets `imagenet_classifier(weights=None)`'s weights from the packaged PyTorch file."""
+    # The checkpoint's modules come in the order of the Keras layers with weights: filled in
+    # turn, `set_weights` checking every shape.
     from keras import layers
 
     modules: dict[str, list[np.ndarray]] = {}

@@ -58,13 +58,10 @@ def replica_loss(per_example_loss: tf.Tensor, local_count=None, *, global_count=
 
 
 def pad_empty_slice(images: tf.Tensor, labels: tf.Tensor, *more: tf.Tensor):
-    """`(images, labels, *more, 0/1 weights, real count)`; an empty slice gets one zero example.
-
-    The replica still joins the step's all-reduces; oneDNN CPU convolutions mis-shape an
-    empty batch (tensorflow/tensorflow#112639), its batch statistics would be NaN, and the
-    fused augmentation (`more`: its transforms) would compile a zero-size XLA program.
-    The padded example has weight 0.
-    """
+    """`(images, labels, *more, 0/1 weights, real count)`; an empty slice gets one zero example."""
+    # Of weight 0; the replica still joins the step's all-reduces. oneDNN CPU convolutions
+    # mis-shape an empty batch (tensorflow/tensorflow#112639), its batch statistics would be NaN,
+    # and the fused augmentation (`more`: its transforms) would compile a zero-size XLA program.
     count = tf.shape(labels)[0]
     pad = tf.cast(tf.equal(count, 0), tf.int32)
     padded = [tf.concat([t, tf.zeros(tf.concat([[pad], tf.shape(t)[1:]], 0), t.dtype)], 0)
@@ -73,11 +70,7 @@ def pad_empty_slice(images: tf.Tensor, labels: tf.Tensor, *more: tf.Tensor):
 
 
 def _compiled_step(strategy: tf.distribute.Strategy, step_fn, element_spec):
-    """`strategy.run(step_fn, (batch,))` as one graph, traced once for `element_spec`.
-
-    `fit` and `custom_fit` both run this graph, so they end with the same weights bit for bit;
-    the element spec (batch size unknown) spares a second trace for the last, partial batch.
-    """
+    """`strategy.run(step_fn, (batch,))` in one graph, traced once: any batch size fits."""
 
     @tf.function(input_signature=[element_spec])
     def step(batch):
@@ -89,13 +82,8 @@ def _compiled_step(strategy: tf.distribute.Strategy, step_fn, element_spec):
 
 
 def _compiled_steps(strategy: tf.distribute.Strategy, step_fn, results, timed: bool):
-    """Up to `limit` steps of `step_fn` on a distributed iterator's batches, as one graph.
-
-    Returns the steps run (0: none left), their global examples, the seconds spent waiting for
-    batches (0 without `timed`: op determinism refuses clocks) and the metrics' results, as
-    tensors: nothing waits on the host between steps. No batch is fetched past the last step.
-    """
-    clock = tf.timestamp if timed else lambda: tf.constant(0.0, tf.float64)
+    """Up to `limit` steps in one graph: (steps run, examples, input wait in s, metric results)."""
+    clock = tf.timestamp if timed else lambda: tf.constant(0.0, tf.float64)  # determinism: no clock
 
     def fetch(iterator):
         start = clock()
@@ -122,22 +110,15 @@ def _compiled_steps(strategy: tf.distribute.Strategy, step_fn, results, timed: b
 
 
 def build_optimizer(trainer: keras.Model) -> None:
-    """Creates the optimizer's variables now, under the trainer's strategy.
-
-    Created lazily in a replica context they make later traces fail ("must feed a value for
-    placeholder"); a restored optimizer state needs them to exist.
-    """
-    if not trainer.optimizer.built:
+    """Creates the optimizer's variables now, under the trainer's strategy (restores need them)."""
+    if not trainer.optimizer.built:  # made lazily in a replica context, they break later traces
         with trainer.distribute_strategy.scope():
             trainer.optimizer.build(trainer.net.trainable_variables)
 
 
 @dataclass(frozen=True)
 class StepStats:
-    """What the last call's steps consumed: global examples, and seconds spent waiting for them.
-
-    Numbers or scalar tensors, read only when needed (`ThroughputMeter`: with its rates).
-    """
+    """The last call's global examples and seconds waiting for them: numbers or scalar tensors."""
 
     batch_size: object
     input_wait_s: object

@@ -26,16 +26,12 @@ _V2_FILE_KIND = "a Keras weights file of this model without its top (…_notop.h
 
 
 def classification_head(x, num_classes: int, dropout: float, name: str = "head", dtype=None):
-    """Dropout, a dense layer, and a softmax layer `probabilities` in float32 at least.
-
-    float16 would lose small probabilities; under a float64 dtype policy (as
-    `tests/numerics_harness.py` trains) the softmax is float64. `dtype`: the
-    other layers' dtype policy (None: Keras' global one).
-    """
+    """Dropout and a dense layer of dtype policy `dtype`, then the softmax `probabilities`."""
     dtype = keras.dtype_policies.get(dtype)
     if dropout:
         x = layers.Dropout(dropout, name=f"{name}_dropout", dtype=dtype)(x)
     x = layers.Dense(num_classes, name=f"{name}_dense", dtype=dtype)(x)
+    # float16 would lose small probabilities; float64 in `tests/numerics_harness.py`.
     out = "float64" if dtype.compute_dtype == "float64" else "float32"
     return layers.Activation("softmax", dtype=out, name="probabilities")(x)
 
@@ -67,11 +63,9 @@ def resolve_weights(weights: str | None, file_kind: str) -> str | None:
 
 
 def load_weights_file(model: keras.Model, path: str, name: str) -> None:
-    """`model.load_weights(path)`, with one line for a file that does not fit.
-
-    Keras' error lists every layer (99 lines for Lite0) after a warning for each
-    ("Skipping variable loading ..."): keep its first line, and the warnings if it loads.
-    """
+    """`model.load_weights(path)`, with one line for a file that does not fit."""
+    # Keras' error lists every layer (99 lines for Lite0) after a warning for each
+    # ("Skipping variable loading ..."): keep its first line, and the warnings if it loads.
     with warnings.catch_warnings(record=True) as caught:
         try:
             model.load_weights(path)

@@ -55,11 +55,9 @@ def all_reduce_sum(values):
 
 
 def global_moments(x: tf.Tensor, weights: tf.Tensor | None = None, shift=None):
-    """Per-channel `(mean, biased variance)` of `x` over every replica's examples of weight 1.
-
-    One all-reduce; `shift`, per channel and the same on every replica (default 0), is
-    subtracted before summing, keeping the variance's digits where it is near the mean.
-    """
+    """Per-channel `(mean, biased variance)` of `x` over every replica's examples of weight 1."""
+    # One all-reduce; `shift` (per channel, the same on every replica, default 0) is subtracted
+    # before summing, keeping the variance's digits where it is near the mean.
     axes, channels = list(range(len(x.shape) - 1)), int(x.shape[-1])
     weights = tf.ones(tf.shape(x)[:1], x.dtype) if weights is None else tf.cast(weights, x.dtype)
     per_example = tf.cast(tf.reduce_prod(tf.shape(x)[1:-1]), x.dtype)

@@ -243,12 +243,7 @@ class InputData:
             # After a disk cache, a buffer of 1,024 decoded images: a bounded memory cost.
             buffer = 1024 if self.cache_mode == "disk" else self.num_train
             ds = self._shuffled(ds, epoch, buffer)
-        if context is not None:
-            return self._replica_slices(ds, self.num_train, cached, epoch, context)
-        if not cached:
-            ds = _decode(ds, self.image_size, self.deterministic)
-        ds = ds.batch(self.global_batch_size)
-        return ds if self.augment is None else self._augmented(ds, epoch)
+        return self._batches(ds, self.num_train, cached, epoch, context)
 
     def _augmented(self, batches: tf.data.Dataset, epoch: int) -> tf.data.Dataset:
         """Each batch augmented, or its transforms drawn for the model, from (seed, epoch, step)."""
@@ -264,9 +259,15 @@ class InputData:
 
         return batches.enumerate().map(augment, num_parallel_calls=AUTOTUNE)
 
-    def _replica_slices(self, records, count: int, decoded: bool, epoch: int | None, context):
-        """The worker's per-replica batches from an epoch's `count` records (`for_strategy`)."""
-        batch, total, local = self.global_batch_size, context.num_replicas_in_sync, _local(context)
+    def _batches(self, records, count: int, decoded: bool, epoch: int | None, context):
+        """An epoch's global batches, or with `context` its worker's per-replica batches."""
+        batch, augment = self.global_batch_size, (self.augment if epoch is not None else None)
+        if context is None:
+            ds = records if decoded else _decode(records, self.image_size, self.deterministic)
+            ds = ds.batch(batch)
+            return ds if augment is None else self._augmented(ds, epoch)
+        total, side = context.num_replicas_in_sync, self.image_size
+        local = total // context.num_input_pipelines  # this worker's replicas
         first = context.input_pipeline_id * local
 
         def part(step, records):  # the worker's part of a batch; each record's step and place
@@ -286,7 +287,6 @@ class InputData:
         geometry = BatchGeometry(count, batch, total)
         slices = geometry.split(batch)[first : first + local] * (geometry.steps - 1)
         slices += geometry.split(geometry.last_batch_size)[first : first + local]
-        augment, side = (self.augment if epoch is not None else None), self.image_size
 
         def finish(steps, places, sizes, images, labels):
             if augment is None:
@@ -326,19 +326,16 @@ class InputData:
         for epoch in range(first_epoch + 1, last_epoch):
             ds = ds.concatenate(self.epoch_batches(epoch, context))
         if skip_steps:  # each step is one element per local replica
-            ds = ds.skip(skip_steps * (1 if context is None else _local(context)))
+            ds = ds.skip(skip_steps * (context.num_replicas_in_sync // context.num_input_pipelines
+                                       if context is not None else 1))  # fmt: skip
         return _set_options(ds.prefetch(AUTOTUNE), self.deterministic)
 
     def _val_batches(self, context=None) -> tf.data.Dataset | None:
         """The validation batches (`val_ds`), or with `context` its worker's per-replica ones."""
         if self._val_source is None:
             return None
-        ds, decoded = self._val_source, self.cache_mode != "none"
-        if context is not None:
-            ds = self._replica_slices(ds, self.num_val, decoded, None, context)
-        else:
-            ds = ds if decoded else _decode(ds, self.image_size, self.deterministic)
-            ds = ds.batch(self.global_batch_size)
+        decoded = self.cache_mode != "none"
+        ds = self._batches(self._val_source, self.num_val, decoded, None, context)
         return _set_options(ds.prefetch(AUTOTUNE), self.deterministic)
 
     def for_strategy(self, strategy, first_epoch: int, last_epoch: int, skip_steps: int = 0):
@@ -380,21 +377,14 @@ def input_data_for(config, splits: Splits, global_batch_size: int, **overrides) 
     return InputData(splits, config.resolved_image_size, global_batch_size, **arguments | overrides)
 
 
-def _local(context) -> int:
-    """Replicas of the worker of `context` (an `InputContext`)."""
-    return context.num_replicas_in_sync // context.num_input_pipelines
-
-
 #: The disk caches this process fills, each with its lock, held until the process exits.
 _CLAIMED: dict[str, TextIO] = {}
 
 
 def _claim(prefix: str) -> None:
-    """Makes this process the one that fills the disk cache `prefix`, unless it is complete.
-
-    TensorFlow refuses to fill a cache while a killed filler's `_0.lockfile` exists;
-    an OS lock (`flock`), dropped when its holder dies, tells a live filler from a dead one.
-    """
+    """Makes this process the one that fills the disk cache `prefix`, unless it is complete."""
+    # TensorFlow refuses to fill a cache while a killed filler's `_0.lockfile` exists; an OS
+    # lock (`flock`), dropped when its holder dies, tells a live filler from a dead one.
     if fcntl is None or prefix in _CLAIMED or os.path.exists(prefix + ".index"):
         return
     lock = open(prefix + ".mdtrain-lock", "a")  # noqa: SIM115  (held until the process exits)

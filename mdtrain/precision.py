@@ -63,11 +63,9 @@ def strategy_devices(strategy) -> list[Device]:
 
 
 def check_deterministic(strategy, net, image_size: int, variables) -> None:
-    """Raises `UsageError` if TensorFlow cannot train `net` deterministically under `strategy`.
-
-    Some ops (GPU depthwise filter gradients without cuDNN) raise under determinism when
-    first run: one gradient of `variables` (those the run trains) on one image per replica
-    finds them before training. In the strategy's scope; `net`'s state is kept."""
+    """Raises `UsageError` if TensorFlow cannot train `net` deterministically under `strategy`."""
+    # Some ops (GPU depthwise filter gradients without cuDNN) raise when first run: one gradient
+    # of the trained `variables`, one image per replica, in the scope, finds them; state kept.
     import tensorflow as tf
 
     def gradient():

@@ -48,10 +48,7 @@ class PredictResult:
 
 
 def find_image_files(paths: list[str | os.PathLike]) -> list[str]:
-    """The files to classify: each file as given, and the image files inside each folder.
-
-    A file named explicitly is kept whatever its extension: the decoder goes by content.
-    """
+    """The files to classify: each file as given (decoded by content), each folder's image files."""
     files: list[str] = []
     for path in map(Path, paths):
         if path.is_file():

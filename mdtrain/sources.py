@@ -51,12 +51,8 @@ def _shape_polygon(shape: str, cx: float, cy: float, r: float, angle: float) -> 
 
 
 def _draw_shape_image(shape: str, rng: np.random.Generator, size: int) -> Image.Image:
-    """One demo image: a shape of random colour, size, angle and place on clutter.
-
-    The background is a colour gradient with noise and a few outlined
-    distractors, and width and height each vary by ±25% around `size`, so
-    telling the classes apart takes a few epochs of learning.
-    """
+    """One demo image: a shape of random colour, size, angle and place on clutter."""
+    # A noisy gradient, outlined distractors, sides ±25% around `size`: a few epochs to learn.
     w, h = (int(size * f) for f in rng.uniform(0.75, 1.25, 2))
     top, bottom = rng.uniform(0, 255, 3), rng.uniform(0, 255, 3)
     t = np.linspace(0, 1, h)[:, None, None]
@@ -194,10 +190,7 @@ def dataset_dir(data_dir: str | os.PathLike | None = None, smoke: bool = False) 
 
 
 def write_digits_dataset(out: str | os.PathLike) -> Path:
-    """Writes scikit-learn's 1,797 8×8 digits, enlarged to 32 px, as PNG class folders.
-
-    Split 80/20 per class, always the same way; needs no network.
-    """
+    """Writes scikit-learn's 1,797 8×8 digits at 32 px as PNG class folders, a fixed 80/20 split."""
     from sklearn.datasets import load_digits
 
     digits = load_digits()

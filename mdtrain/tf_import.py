@@ -34,10 +34,7 @@ LIBJPEG_NOISE = re.compile(
 
 @contextlib.contextmanager
 def stderr_without(noise: re.Pattern) -> Iterator[None]:
-    """Captures file descriptor 2 for the body; then passes on every line `noise` does not match.
-
-    C and C++ libraries write there directly, past `sys.stderr`.
-    """
+    """Captures file descriptor 2 (C++ writes past `sys.stderr`), then passes on all but `noise`."""
     sys.stderr.flush()
     saved_fd = os.dup(2)
     with tempfile.TemporaryFile() as captured:

@@ -358,11 +358,7 @@ class _Run:
 
 
 def write_outputs(output, net, history, report: dict, chief: bool = True) -> None:
-    """Writes a run's `model.keras`, `history.json` and `report.json`: the one output writer.
-
-    Other workers save into a temporary folder (saving can involve collectives); an
-    unwritable `output` sends the files to a new temporary folder named in the error.
-    """
+    """Writes a run's `model.keras`, `history.json` and `report.json`: the one output writer."""
     import keras
 
     from mdtrain.norm import swap_batch_norm
@@ -373,7 +369,7 @@ def write_outputs(output, net, history, report: dict, chief: bool = True) -> Non
         (out / "history.json").write_text(json.dumps(history, indent=1))
         (out / "report.json").write_text(json.dumps(report, indent=1))
 
-    if not chief:
+    if not chief:  # saving can involve collectives: other workers save into a temporary folder
         with tempfile.TemporaryDirectory(
             prefix="mdtrain-worker-", ignore_cleanup_errors=True
         ) as out:
@@ -381,7 +377,7 @@ def write_outputs(output, net, history, report: dict, chief: bool = True) -> Non
     try:
         Path(output).mkdir(parents=True, exist_ok=True)
         save(Path(output))
-    except OSError as e:
+    except OSError as e:  # to a new temporary folder, named in the error
         rescue = Path(tempfile.mkdtemp(prefix="mdtrain-run-"))
         save(rescue)
         raise UsageError(f"--output {output}: cannot write ({e.strerror or e}); "

@@ -147,28 +147,38 @@ class _Positions(keras.callbacks.Callback):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("loop", ["fit", "custom"])
-def test_steps_per_execution_stops_each_call_at_the_epochs_end(loop):
-    """Epochs back to back in one dataset (as `InputData.train_epochs`): 5 steps, 3 per call.
+@pytest.mark.parametrize(
+    "examples, spe, epochs, want",
+    [
+        (None, 3, 2, [12.0, 8.0, 12.0, 8.0]),  # endless data, 5 steps: calls of 3 and 2
+        (34, 8, 3, [12.0, 12.0, 10.0]),  # 9 batches (the last of 2), 3 epochs of 3 steps
+    ],
+)
+def test_steps_per_execution_stops_each_call_at_the_epochs_end(loop, examples, spe, epochs, want):
+    """Epochs back to back in one dataset (as `InputData.train_epochs`), N steps per call.
 
-    Keras' own fit would run 3 + 3 steps in the first epoch, the sixth from the second epoch.
+    Keras' own fit would run 3 + 3 steps in a 5-step epoch, the sixth from the next epoch;
+    and counting 8 steps per call it would start 9 batches over after 2 epochs of 3.
     """
     from mdtrain.loop import custom_fit
     from tests.numerics_harness import side_by_side_strategies
 
     strategy = side_by_side_strategies((2,))[2]
-    data = np.random.default_rng(0).random((40, 4), dtype=np.float32)
-    dataset = tf.data.Dataset.from_tensor_slices((data, np.arange(40) % 3)).batch(4).repeat()
+    data = np.random.default_rng(0).random((examples or 40, 4), dtype=np.float32)
+    dataset = tf.data.Dataset.from_tensor_slices((data, np.arange(len(data)) % 3)).batch(4)
+    dataset = dataset if examples else dataset.repeat()
+    steps = 5 if examples is None else 3
     with strategy.scope():
         trainer = ExactTrainer(_tiny_net())
-        trainer.compile(optimizer=keras.optimizers.SGD(0.1), steps_per_execution=3)
+        trainer.compile(optimizer=keras.optimizers.SGD(0.1), steps_per_execution=spe)
     positions = _Positions()
-    run = dict(epochs=2, steps_per_epoch=5, callbacks=[positions], verbose=0)
+    run = dict(epochs=epochs, steps_per_epoch=steps, callbacks=[positions], verbose=0)
     if loop == "fit":
         trainer.fit(dataset, **run)
     else:
         custom_fit(trainer, strategy, dataset, **run)
-    assert positions.at_epoch_end == [5, 10]
-    assert positions.examples == [12.0, 8.0, 12.0, 8.0]  # every call's global examples
+    assert positions.at_epoch_end == [steps * (e + 1) for e in range(epochs)]
+    assert positions.examples == want  # every call's global examples
 
 
 @pytest.mark.slow

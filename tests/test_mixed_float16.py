@@ -11,8 +11,10 @@ Keras 3.15's own `fit` reads replica 0's verdict only and writes NaN into the we
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -99,6 +101,56 @@ def test_keras_own_fit_loses_the_weights_on_an_overflow_on_replica_1():
     assert not np.isfinite(after[0]).all() and scale == SCALE
 
 
+# One worker of two (1 replica each) under MultiWorkerMirroredStrategy: replica 1 is worker 1.
+# Each worker's merge call sees only its own replica, so Keras alone would apply the step on
+# worker 0 and skip it on worker 1 (whose gradients never join worker 0's all-reduce).
+_WORKER = """
+import json, sys
+sys.path.insert(0, sys.argv[1])  # the repository root, for the test's model
+import keras
+import numpy as np
+import tensorflow as tf
+from mdtrain.distribute import configure_devices, make_strategy, shard_by_batch
+configure_devices("multiworker")
+strategy = make_strategy("multiworker")
+from mdtrain.loop import ExactTrainer, custom_fit
+from tests.test_mixed_float16 import _net
+
+keras.mixed_precision.set_dtype_policy("mixed_float16")
+with strategy.scope():
+    net = _net(replica=1)
+    trainer = ExactTrainer(net)
+    trainer.compile(keras.optimizers.SGD(0.1))
+batches = tf.data.Dataset.from_tensor_slices((np.ones((4, 4), "float32"), [0, 1, 2, 0]))
+before = net.get_weights()
+custom_fit(trainer, strategy, shard_by_batch(batches.batch(4)), epochs=1, steps_per_epoch=1,
+           verbose=0)
+print(json.dumps({"unchanged": all(np.array_equal(a, b) for a, b in zip(before, net.get_weights())),
+                  "scale": float(trainer.optimizer.dynamic_scale.numpy())}))
+"""
+
+
+def test_an_overflow_on_worker_1_skips_the_step_on_both_workers():
+    from mdtrain.launcher.jobs import free_ports, tf_config
+
+    root = str(Path(__file__).resolve().parents[1])
+    addresses = [f"127.0.0.1:{port}" for port in free_ports(2)]
+    workers = [
+        subprocess.Popen([sys.executable, "-c", _WORKER, root], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True,
+                         env={**os.environ, "TF_CONFIG": json.dumps(tf_config(addresses, i))})
+        for i in range(2)
+    ]  # fmt: skip
+    try:
+        outputs = [worker.communicate(timeout=300) for worker in workers]
+    finally:
+        for worker in workers:
+            worker.kill()
+    for worker, (out, err) in zip(workers, outputs, strict=True):
+        assert worker.returncode == 0, err[-3000:]
+        assert json.loads(out.strip().splitlines()[-1]) == {"unchanged": True, "scale": SCALE / 2}
+
+
 _TRAIN = """
 import json, sys
 import numpy as np
@@ -109,7 +161,7 @@ from mdtrain.training import TrainConfig, train
 result = train(TrainConfig(data=sys.argv[1], image_size=16, epochs=1, global_batch_size=10,
                            mixed_precision=True, strategy="cpu:2", monitor="none", verbose=0))
 print(json.dumps({"finite": all(bool(np.isfinite(w).all()) for w in result.model.get_weights()),
-                  "history": result.history, "policy": result.model.dtype_policy.name}))
+                  "history": result.history, "policy": result.summary()["precision"]}))
 """
 
 

@@ -250,10 +250,7 @@ def kill_worker_when(
 
 
 def _without_strategy(train_args: list[str], wanted: str, why: str) -> list[str]:
-    """`train_args` without their `--strategy` options, each of which must be `wanted`.
-
-    Every occurrence is checked, not the first only: argparse keeps the last.
-    """
+    """`train_args` without their `--strategy` options, each (argparse keeps the last) `wanted`."""
     rest, args = [], iter(train_args)
     for arg in args:
         if arg == "--strategy":

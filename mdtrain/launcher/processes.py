@@ -184,11 +184,9 @@ class Job:
                 proc.wait(timeout=_GRACE_S)
 
     def write(self, label: str, line: str) -> None:
-        """Writes `[label] line` to the job's stream, one whole line at a time.
-
-        A stream that fails never stops the job (the logs keep every line): a character it
-        cannot encode is escaped; once its reader is gone (`... | head`), it gets no more.
-        """
+        """Writes `[label] line` to the job's stream, whole lines; a failing stream stops no job."""
+        # The logs keep every line: an unencodable character is escaped; once the stream's
+        # reader is gone (`... | head`), it gets no more.
         text = f"[{label}] {line}\n"
         with self.lock:
             if self.stream is None:

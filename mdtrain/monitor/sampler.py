@@ -68,11 +68,7 @@ class Sample:
 
 
 class CpuReader:
-    """Reads the host's CPU utilisation and this process's resident memory (RSS).
-
-    Utilisation is the average since the previous ``read()`` (psutil's non-blocking
-    mode), so the sampling thread never sleeps inside psutil.
-    """
+    """Reads the host's CPU utilisation and this process's resident memory (RSS)."""
 
     def __init__(self) -> None:
         self._process = psutil.Process()
@@ -88,7 +84,7 @@ class CpuReader:
         return DeviceSample(
             name="CPU",
             kind="cpu",
-            utilization=float(psutil.cpu_percent(interval=None)),
+            utilization=float(psutil.cpu_percent(interval=None)),  # since the last: no sleep
             memory_used=rss,
             memory_total=self._total,
         )
@@ -124,10 +120,7 @@ def _gpu_index(nv, item: str, uuids: list[str]) -> int | None:
 
 
 class NvmlReader:
-    """Reads utilisation, memory, power and temperature of each visible GPU.
-
-    Never raises: without NVML or a GPU, ``error`` says why and ``read()`` returns ``()``.
-    """
+    """Reads the visible GPUs' utilisation, memory, power, temperature; never raises: ``error``."""
 
     def __init__(self) -> None:
         self.error: str | None = None
@@ -184,11 +177,9 @@ def _read(nv, name: str, handle) -> DeviceSample:
 
 
 def _memory(nv, handle):
-    """Memory in use as `nvidia-smi` reports it: without the driver's reserve.
-
-    NVML's first query counts the reserve as used (480 MiB on an idle H100, see
-    `benchmarks/nvml.json`); the version-2 query (drivers from R510) leaves it out.
-    """
+    """Memory in use as `nvidia-smi` reports it: without the driver's reserve."""
+    # NVML's first query counts the reserve as used (480 MiB on an idle H100, see
+    # `benchmarks/nvml.json`); the version-2 query (drivers from R510) leaves it out.
     version = getattr(nv, "nvmlMemory_v2", None)
     info = _try(nv.nvmlDeviceGetMemoryInfo, handle, version=version) if version else None
     return info or _try(nv.nvmlDeviceGetMemoryInfo, handle)

@@ -187,10 +187,7 @@ def _device_summary(name: str, samples: Sequence[Sample]) -> DeviceSummary:
 
 
 def epoch_line(epoch: int, epochs: int | None, summary: Summary) -> str:
-    """``"epoch 2/5: 50 steps, 1234.5 images/sec, step 25.9 ms, input wait 12%, util GPU 0 87%"``.
-
-    ``epoch`` is zero-based and printed one-based, like Keras.
-    """
+    """``"epoch 2/5: 50 steps, 1234.5 images/sec, step 25.9 ms, ..."``; ``epoch`` counts from 0."""
     util = ", ".join(
         f"{short_name(d.name)} {percent(d.mean_utilization)}"
         for d in summary.devices
@@ -256,34 +253,25 @@ def in_notebook_kernel() -> bool:
 
 
 def resolve_display(display: str = "auto") -> str:
-    """Turns ``display`` into ``"widget"``, ``"text"`` or ``"none"``.
-
-    ``"auto"`` picks the widget inside a notebook kernel that has ipywidgets,
-    unless ``MDTRAIN_SMOKE=1`` (CI logs want text); text otherwise.
-    """
+    """``display`` as ``"widget"``, ``"text"`` or ``"none"``; ``"auto"``: widget in a kernel."""
     if display not in MONITOR_DISPLAYS:
         raise ValueError(f"display must be one of {', '.join(MONITOR_DISPLAYS)}; got {display!r}")
     if display != "auto":
         return display
-    smoke = os.environ.get("MDTRAIN_SMOKE", "") not in ("", "0")
+    smoke = os.environ.get("MDTRAIN_SMOKE", "") not in ("", "0")  # CI logs want text
     has_widgets = importlib.util.find_spec("ipywidgets") is not None
     return "widget" if in_notebook_kernel() and has_widgets and not smoke else "text"
 
 
 class Chart:
-    """The run's images/sec and each device's utilisation over time, as PNG bytes.
-
-    One matplotlib figure per monitor, redrawn from new points (reusing its
-    lines makes a redraw cheaper): live by the dashboard, and once at the end
-    for the picture a saved notebook keeps. A bare ``Figure`` (no pyplot) is
-    safe off the main thread and leaves the notebook's backend be.
-    """
+    """The run's images/sec and each device's utilisation over time, as PNG bytes."""
 
     def __init__(self) -> None:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
         from matplotlib.ticker import MaxNLocator
 
+        # A bare Figure, no pyplot: safe off the main thread, the notebook's backend left be.
         self.figure = Figure(figsize=(8, 2.4))
         self.canvas = FigureCanvasAgg(self.figure)
         self.rate_ax, self.util_ax = self.figure.subplots(1, 2)

@@ -49,12 +49,10 @@ class _Totals:
 
 
 class ThroughputMeter:
-    """Step time, images/sec and input-wait share from batch hooks; a live view may read it.
+    """Step time, images/sec and input-wait share from batch hooks; a live view may read it."""
 
-    A step runs from the previous step's end, so it holds the input wait whatever order a loop
-    fetches and calls hooks in; the first ``warmup_steps`` calls (tracing, compiling) count in no
-    rate, however many steps each holds.
-    """
+    # A step runs from the previous step's end (so it holds the input wait); the first
+    # ``warmup_steps`` calls (tracing, compiling) count in no rate, whatever steps they hold.
 
     def __init__(
         self,
@@ -84,10 +82,7 @@ class ThroughputMeter:
             self.epoch_step = 0  # steps finished in the current epoch
 
     def batch_end(self, batch: int, batch_size=None, input_wait_s=None) -> None:
-        """Records the steps up to Keras's ``batch`` index: several with ``steps_per_execution``.
-
-        ``batch_size`` (their examples) and ``input_wait_s`` may be scalar tensors: read lazily.
-        """
+        """Records the steps up to Keras's ``batch``; ``batch_size`` and ``input_wait_s``: lazy."""
         now = self._clock()
         with self._lock:
             steps = max(1, batch - self._last_batch)

@@ -36,16 +36,13 @@ def server_config() -> tf.compat.v1.ConfigProto:
 
 
 def serve() -> None:
-    """Runs this process as the `ps` or `worker` task named in `TF_CONFIG`, forever.
-
-    GPU memory grows as needed, set before the server starts its devices.
-    """
+    """Runs this process as the `ps` or `worker` task named in `TF_CONFIG`, forever."""
     resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
     if resolver.task_type not in ("ps", "worker"):
         raise UsageError(
             f"TF_CONFIG task type {resolver.task_type!r}: `serve` runs a ps or worker task"
         )
-    grow_gpu_memory()
+    grow_gpu_memory()  # before the server starts its devices
     server = tf.distribute.Server(
         resolver.cluster_spec(),
         job_name=resolver.task_type,
@@ -58,11 +55,7 @@ def serve() -> None:
 
 
 class MarkAfter(keras.callbacks.Callback):
-    """The fault drill: creates `mark_file` once `steps` steps are done.
-
-    A launcher may kill a worker then (`mdtrain.launcher.kill_worker_when`);
-    `mdtrain train --mark-after N --mark-file F` adds it (notebook 07).
-    """
+    """The fault drill (`--mark-after N --mark-file F`): creates `mark_file` after `steps` steps."""
 
     def __init__(self, steps: int, mark_file: str):
         super().__init__()

@@ -32,10 +32,9 @@ def coordinator_fit(
 ) -> tuple[keras.callbacks.History, dict]:
     """Trains with a `ClusterCoordinator`'s asynchronous steps: `custom_fit`'s counterpart.
 
-    Keras metrics would live on the parameter servers, where two workers' updates can
-    interleave and one be lost: each step returns its own sums, which the chief adds up.
-    The steps are scheduled in blocks that end every `log_every` steps and at each
-    epoch's end: a point of the loss curve, and a batch for the callbacks.
+    Each step returns its own metric sums for the chief to add up (on the parameter servers two
+    workers' updates could interleave and one be lost), in blocks ending every `log_every`
+    steps and at each epoch's end: a point of the loss curve, a batch for the callbacks.
     """
     if log_every < 1:
         raise ValueError(f"log_every must be at least 1, not {log_every}")
@@ -114,10 +113,7 @@ def _means(sums) -> dict[str, float]:
 
 
 def _evaluate(trainer, val_ds, cbs) -> dict[str, float]:
-    """`val_loss` and `val_accuracy`, on the chief: Keras' `evaluate` cannot run here.
-
-    The chief alone updates the metrics (on the parameter servers), so no update races.
-    """
+    """`val_loss` and `val_accuracy`, on the chief alone (Keras' `evaluate` cannot run here)."""
     trainer.reset_metrics()
     cbs.on_test_begin()
     for batch in val_ds:
