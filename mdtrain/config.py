@@ -12,7 +12,7 @@ from pathlib import Path
 
 from mdtrain import choices as c
 
-OUTPUT_FILES = ("model.keras", "history.json", "report.json")
+OUTPUT_FILES = ("model.keras", "history.json", "report.json", "monitor.png")
 
 
 def _folder_problem(folder: Path) -> str | None:

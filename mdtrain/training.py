@@ -46,6 +46,7 @@ class TrainResult:
     augment_in: str | None = None  # where augmentation ran: "pipeline", "model", None (none)
     ps_log: dict | None = None  # parameter-server training's loss curve (see above)
     precision: str = "float32"  # the Keras dtype policy the model computed in
+    monitor_chart: bytes | None = field(repr=False, default=None)  # the chief's, as a PNG
 
     def summary(self) -> dict:
         summary = {
@@ -109,7 +110,8 @@ def train(config: TrainConfig, callbacks: list | None = None) -> TrainResult:
         run = _Run(config)
         result = run.execute(callbacks or [])
     if config.output:
-        write_outputs(config.output, result.model, result.history, result.summary(), run.chief)
+        write_outputs(config.output, result.model, result.history, result.summary(), run.chief,
+                      result.monitor_chart)
     if config.backup_dir and run.chief:  # finished: the outputs now hold the result
         from mdtrain.backup import remove_backups
 
@@ -272,6 +274,7 @@ class _Run:
             for segment in segments:
                 history += self._run_segment(segment, point, [*callbacks, monitor], history)
         summary = monitor.summary()
+        shown = self.chief and config.monitor != "none"
         return TrainResult(
             config=config,
             replicas=self.replicas,
@@ -289,6 +292,7 @@ class _Run:
             augment_in=self.augment_in,
             ps_log=self.ps_log,
             precision=self.precision,
+            monitor_chart=monitor.chart_png(dpi=100) if shown else None,
         )
 
     def _say(self, text: str) -> None:
@@ -357,8 +361,9 @@ class _Run:
         return history_rows(hist)
 
 
-def write_outputs(output, net, history, report: dict, chief: bool = True) -> None:
-    """Writes a run's `model.keras`, `history.json` and `report.json`: the one output writer."""
+def write_outputs(output, net, history, report: dict, chief: bool = True, chart=None) -> None:
+    """Writes a run's `model.keras`, `history.json`, `report.json` (and the monitor's
+    `monitor.png` when it has a `chart`): the one output writer."""
     import keras
 
     from mdtrain.norm import swap_batch_norm
@@ -368,6 +373,8 @@ def write_outputs(output, net, history, report: dict, chief: bool = True) -> Non
         swap_batch_norm(net, keras.layers.BatchNormalization).save(out / "model.keras")
         (out / "history.json").write_text(json.dumps(history, indent=1))
         (out / "report.json").write_text(json.dumps(report, indent=1))
+        if chart is not None:  # the picture a notebook shows of a run in another process
+            (out / "monitor.png").write_bytes(chart)
 
     if not chief:  # saving can involve collectives: other workers save into a temporary folder
         with tempfile.TemporaryDirectory(

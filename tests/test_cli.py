@@ -68,9 +68,10 @@ def test_train_on_messy_data_with_two_replicas(messy_dataset, tmp_path):
     assert {"loss", "accuracy", "val_loss", "val_accuracy"} <= set(summary["history"][0])
     assert summary["images_per_sec"] > 0
     # Under fit the monitor counts each step's real size (the partial last batch
-    # too) and measures the input wait; the first step is warm-up.
+    # too) and measures the input wait. The first call is warm-up: at 16 steps per
+    # call it holds all 3 steps of epoch 1, so epoch 2 is what counts.
     monitor = summary["monitor"]
-    assert monitor["images"] == 2 * summary["num_train"] - 8
+    assert monitor["images"] == summary["num_train"]
     assert monitor["input_wait_share"] is not None and 0 <= monitor["input_wait_share"] < 1
     assert monitor["verdict"].split()[0] in ("input-bound", "compute-bound")
     skipped = sorted(s["path"].rsplit("/", 1)[-1] for s in summary["skipped_files"])
@@ -79,6 +80,7 @@ def test_train_on_messy_data_with_two_replicas(messy_dataset, tmp_path):
     assert summary["output"] == str(out)
     for name in ("model.keras", "history.json", "report.json"):
         assert (out / name).is_file()
+    assert not (out / "monitor.png").exists()  # --monitor none: no chart
     assert json.loads((out / "report.json").read_text())["replicas"] == 2
 
     # The same --output again must not overwrite what the first run left.
@@ -89,13 +91,21 @@ def test_train_on_messy_data_with_two_replicas(messy_dataset, tmp_path):
 
 
 @pytest.mark.slow
-def test_train_custom_loop_with_val_folder(tiny_dataset):
+def test_train_custom_loop_with_val_folder(tiny_dataset, tmp_path):
+    out = tmp_path / "run"
     proc = run_mdtrain("train", "--data", str(tiny_dataset), "--loop", "custom", "--strategy",
-                       "cpu:2", "--global-batch-size", "8", "--json", *TRAIN_FAST)  # fmt: skip
+                       "cpu:2", "--global-batch-size", "8", "--json", *TRAIN_FAST,
+                       "--monitor", "text", "--output", str(out))  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = _last_json(proc.stdout)
     assert summary["num_train"] == 24 and summary["num_val"] == 3
     assert summary["monitor"]["input_wait_share"] is not None  # measured by the custom loop
+    # The monitor's chart stays beside the model: what a notebook shows of a run elsewhere.
+    from PIL import Image
+
+    assert "mdtrain monitor:" in proc.stdout
+    with Image.open(out / "monitor.png") as chart:
+        assert chart.format == "PNG" and chart.size == (800, 240)
 
 
 def _tree(root, spec):
