@@ -34,6 +34,7 @@ def _script(name: str):
 pipeline = _script("pipeline")
 train = _script("train")
 step_overhead = _script("step_overhead")
+before_after = _script("before_after")
 
 
 @pytest.fixture(scope="module")
@@ -218,6 +219,24 @@ def test_step_overhead_rejects_bad_arguments(args):
 
     with pytest.raises(UsageError, match="must be a positive integer"):
         step_overhead.main(args)
+
+
+def test_before_after_ratios_are_taken_round_by_round():
+    runs = {"now": [{"train": 100.0}, {"train": 90.0}, {"train": 120.0}],
+            "before": [{"train": 100.0}, {"train": 60.0}, {"train": 150.0}]}  # fmt: skip
+    figure = before_after._summary(runs)["train"]
+    assert figure["now"] == 100.0 and figure["now_spread"] == [90.0, 120.0]
+    assert figure["before"] == 100.0 and figure["before_spread"] == [60.0, 150.0]
+    assert figure["now_vs_before"] == 1.0 and figure["now_vs_before_spread"] == [0.8, 1.5]
+
+
+@pytest.mark.parametrize("args", [["--before", "HEAD", "--repeats", "0"],
+                                  ["--before", "HEAD", "--epochs", "-1"]])  # fmt: skip
+def test_before_after_rejects_bad_arguments(args):
+    from mdtrain.errors import UsageError
+
+    with pytest.raises(UsageError, match="must be a positive integer"):
+        before_after.main(args)
 
 
 def test_benchmark_bars_in_the_order_given_with_the_decode_limit():
