@@ -15,14 +15,17 @@ in-memory batches under the same `MirroredStrategy`:
 
 Every round is one fresh process (virtual CPU devices are fixed when
 TensorFlow starts) that runs every variant, in an order shuffled round by
-round: a warm-up `fit` of 16 steps (tracing), then a timed epoch of `--steps`
-steps. The result holds each variant's median steps/s, its spread, its ratio
+round: a warm-up `fit` of 16 steps (tracing), then one timed call of an epoch
+of `--steps` steps, the whole call (its iterator, callbacks and last wait
+included: `fit` and `custom_fit` make their iterators at different points of a
+call). The result holds each variant's median steps/s, its spread, its ratio
 to `keras_fit` computed round by round, and the process's CPU milliseconds per
 step (what the host spends, less moved by the machine's other tenants). A
-variant that fails records its error. `--before REF` also runs the package at an earlier git commit
-(from a temporary worktree), in rounds interleaved with the current one.
+variant that fails records its error. `--before REF` also runs the package at
+an earlier git commit (from a temporary worktree), in rounds interleaved with
+the current one.
 
-Usage, from the repository root (about 5 minutes on 2 busy cores):
+Usage, from the repository root (about 10 minutes on 2 cores with `--before`, 5 rounds):
 
     python benchmarks/step_overhead.py [--steps 320] [--repeats 3] [--before REF] [--json]
 """
@@ -69,30 +72,20 @@ def _variant(name: str, strategy, dataset, steps: int) -> list[float]:
         else:
             model = ExactTrainer(net)
             model.compile(keras.optimizers.SGD(0.01), **options)
-    timer = _Timer()
-    for epoch_steps, callbacks in ((SPE, []), (steps, [timer])):  # warm-up, then timed
+
+    def call(epoch_steps: int) -> tuple[float, float]:  # one epoch: wall and CPU seconds
+        wall, cpu = time.perf_counter(), time.process_time()
         if "custom" in name:
-            custom_fit(model, strategy, dataset, epochs=1, steps_per_epoch=epoch_steps,
-                       callbacks=callbacks, verbose=0)  # fmt: skip
+            custom_fit(model, strategy, dataset, epochs=1, steps_per_epoch=epoch_steps, verbose=0)
         else:
-            model.fit(dataset, epochs=1, steps_per_epoch=epoch_steps, callbacks=callbacks,
-                      shuffle=False, verbose=0)  # fmt: skip
-    return [steps / timer.seconds, 1e3 * timer.cpu_seconds / steps]
+            model.fit(dataset, epochs=1, steps_per_epoch=epoch_steps, shuffle=False, verbose=0)
+        return time.perf_counter() - wall, time.process_time() - cpu
 
-
-def _Timer():
-    """A Keras callback timing one epoch's steps (the iterator is made before it starts)."""
-    import keras
-
-    class Timer(keras.callbacks.Callback):
-        def on_epoch_begin(self, epoch, logs=None):
-            self.start = time.perf_counter(), time.process_time()
-
-        def on_epoch_end(self, epoch, logs=None):
-            self.seconds = time.perf_counter() - self.start[0]
-            self.cpu_seconds = time.process_time() - self.start[1]
-
-    return Timer()
+    call(SPE)  # warm-up: tracing
+    # The whole call is timed: `fit` makes its iterator inside its epoch, `custom_fit` before its
+    # callbacks start, so only the whole call holds the same work for both.
+    wall, cpu = call(steps)
+    return [steps / wall, 1e3 * cpu / steps]
 
 
 def worker(config: dict) -> dict:

@@ -148,7 +148,8 @@ def _add_train_keeping(t) -> None:
                    help="also back up every N steps within an epoch (needs --backup-dir; "
                    "default: at the end of each epoch only)")  # fmt: skip
     t.add_argument("--output", help="new folder for model.keras, history.json, report.json "
-                   "and, with a monitor, its chart monitor.png (default: nothing written)")  # fmt: skip
+                   "and, with a monitor, its chart monitor.png "
+                   "(default: nothing written)")  # fmt: skip
     t.add_argument("--monitor",
                    help=f"{', '.join(MONITOR_DISPLAYS)}: auto is a live dashboard in notebooks, "
                    "a text line per epoch elsewhere")  # fmt: skip
