@@ -73,7 +73,8 @@ def test_train_on_messy_data_with_two_replicas(messy_dataset, tmp_path):
     monitor = summary["monitor"]
     assert monitor["images"] == summary["num_train"]
     assert monitor["input_wait_share"] is not None and 0 <= monitor["input_wait_share"] < 1
-    assert monitor["verdict"].split()[0] in ("input-bound", "compute-bound")
+    # "input-bound (moderately): ..." or, when the wait is short, "compute-bound: ..."
+    assert monitor["verdict"].split()[0].rstrip(":") in ("input-bound", "compute-bound")
     skipped = sorted(s["path"].rsplit("/", 1)[-1] for s in summary["skipped_files"])
     assert skipped == ["empty.png", "notes.jpg", "truncated.jpg"]
     assert all(s["reason"] for s in summary["skipped_files"])
