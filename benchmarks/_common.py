@@ -7,11 +7,14 @@ repository root on `PYTHONPATH`).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
+import subprocess
 import sys
-from collections.abc import Callable, Mapping
+import tempfile
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 from matplotlib.figure import Figure
@@ -21,6 +24,26 @@ from mdtrain.plots.common import DPI, WRONG_COLOR, new_figure
 
 #: Where `data=None` keeps the benchmark dataset (1500 training JPEGs of about 256 px).
 BENCH_DATA = Path(os.environ.get("MDTRAIN_DATA_DIR", "data")) / "bench"
+REPO = Path(__file__).resolve().parents[1]
+
+
+@contextlib.contextmanager
+def checkout(ref: str) -> Iterator[Path]:
+    """A temporary git worktree of this repository at commit `ref`, removed on exit."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "before"
+        git = ["git", "-C", str(REPO), "worktree"]
+        subprocess.run([*git, "add", "--detach", str(path), ref], check=True, capture_output=True)
+        try:
+            yield path
+        finally:
+            subprocess.run([*git, "remove", "--force", str(path)], check=False)
+
+
+def package_env(source: Path) -> dict[str, str]:
+    """The environment of a process that imports mdtrain from `source`, on the CPU, quietly."""
+    return {**os.environ, "PYTHONPATH": str(source), "TF_CPP_MIN_LOG_LEVEL": "2",
+            "CUDA_VISIBLE_DEVICES": ""}  # fmt: skip
 
 
 def machine_info() -> dict:

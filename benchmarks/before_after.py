@@ -30,23 +30,20 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-from _common import bench_data, check_positive, machine_info, run_main
+from _common import REPO, bench_data, check_positive, checkout, machine_info, package_env, run_main
 
-REPO = Path(__file__).resolve().parents[1]
 PIPELINE = ("tfdata", "tfdata_augment_in_model", "tfdata_noaug", "tfdata_cached",
             "keras_directory_layers")  # fmt: skip
 
 
 def _last_json(command: list[str], source: Path) -> tuple[dict, float]:
     """Runs `command` with `source`'s mdtrain; its last stdout line as JSON, and its seconds."""
-    env = {**os.environ, "PYTHONPATH": str(source), "TF_CPP_MIN_LOG_LEVEL": "2",
-           "CUDA_VISIBLE_DEVICES": ""}  # fmt: skip
     start = time.perf_counter()
-    done = subprocess.run(command, env=env, cwd=REPO, capture_output=True, text=True)
+    done = subprocess.run(command, env=package_env(source), cwd=REPO, capture_output=True,
+                          text=True)  # fmt: skip
     seconds = time.perf_counter() - start
     if done.returncode != 0:
         raise SystemExit(f"{' '.join(command[:4])} failed ({done.returncode}) with {source}:\n"
@@ -96,20 +93,13 @@ def main(argv: list[str] | None = None) -> None:
     bench_data(None)  # the pipeline's 1,500 JPEGs, likewise
     load_before = [round(x, 2) for x in os.getloadavg()]
     runs: dict[str, list[dict]] = {"now": [], "before": []}
-    with tempfile.TemporaryDirectory() as tmp:
-        sources = {"now": REPO, "before": Path(tmp) / "before"}
-        subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach",
-                        str(sources["before"]), args.before], check=True,
-                       capture_output=True)  # fmt: skip
-        try:
-            for r in range(args.repeats):
-                for version in ("now", "before")[:: 1 if r % 2 == 0 else -1]:
-                    got = _measure(sources[version], data.resolve(), args.epochs)
-                    print(f"round {r + 1} {version}: {got}", file=sys.stderr, flush=True)
-                    runs[version].append(got)
-        finally:
-            subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force",
-                            str(sources["before"])], check=False)  # fmt: skip
+    with checkout(args.before) as before:
+        sources = {"now": REPO, "before": before}
+        for r in range(args.repeats):
+            for version in ("now", "before")[:: 1 if r % 2 == 0 else -1]:
+                got = _measure(sources[version], data.resolve(), args.epochs)
+                print(f"round {r + 1} {version}: {got}", file=sys.stderr, flush=True)
+                runs[version].append(got)
     result = {
         "figures": _summary(runs),
         "runs": runs,

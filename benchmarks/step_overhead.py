@@ -33,6 +33,7 @@ Usage, from the repository root (about 10 minutes on 2 cores with `--before`, 5 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import os
@@ -40,13 +41,19 @@ import random
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-from _common import check_positive, machine_info, run_main, write_result
+from _common import (
+    REPO,
+    check_positive,
+    checkout,
+    machine_info,
+    package_env,
+    run_main,
+    write_result,
+)
 
-REPO = Path(__file__).resolve().parents[1]
 BATCH, IMAGE_SIZE, CLASSES, REPLICAS, SPE = 16, 16, 10, 2, 16
 VARIANTS = ("keras_fit", "keras_fit_spe16", "exact_fit", "exact_fit_spe16", "exact_custom_fit",
             "exact_custom_fit_spe16")  # fmt: skip
@@ -119,9 +126,8 @@ def worker(config: dict) -> dict:
 
 
 def _round(config: dict, source: Path) -> dict:
-    env = {**os.environ, "PYTHONPATH": str(source), "TF_CPP_MIN_LOG_LEVEL": "2",
-           "CUDA_VISIBLE_DEVICES": ""}  # fmt: skip
-    done = subprocess.run([sys.executable, __file__, "--worker", json.dumps(config)], env=env,
+    done = subprocess.run([sys.executable, __file__, "--worker", json.dumps(config)],
+                          env=package_env(source),
                           cwd=REPO, capture_output=True, text=True)  # fmt: skip
     if done.returncode != 0:
         raise SystemExit(f"round {config} failed ({done.returncode}):\n{done.stderr[-2000:]}")
@@ -163,26 +169,16 @@ def main(argv: list[str] | None = None) -> None:
     check_positive(steps=args.steps, repeats=args.repeats)
     variants = args.variants.split(",")
     load_before = [round(x, 2) for x in os.getloadavg()]
-    with tempfile.TemporaryDirectory() as tmp:
-        sources = {"": REPO}
-        if args.before:
-            sources["before/"] = Path(tmp) / "before"
-            subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach",
-                            str(sources["before/"]), args.before], check=True,
-                           capture_output=True)  # fmt: skip
+    with checkout(args.before) if args.before else contextlib.nullcontext() as before:
+        sources = {"": REPO} | ({"before/": before} if args.before else {})
         runs: dict[str, list] = {p + v: [] for p in sources for v in variants}
-        try:
-            for r in range(args.repeats):
-                order = random.Random(r).sample(variants, len(variants))  # no fixed neighbours
-                for prefix, source in list(sources.items())[:: 1 if r % 2 == 0 else -1]:
-                    got = _round({"order": order, "steps": args.steps}, source)
-                    print(f"round {r + 1} {prefix or 'now/'}: {got}", file=sys.stderr, flush=True)
-                    for name, value in got.items():
-                        runs[prefix + name].append(value)
-        finally:
-            if args.before:
-                subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force",
-                                str(sources["before/"])], check=False)  # fmt: skip
+        for r in range(args.repeats):
+            order = random.Random(r).sample(variants, len(variants))  # no fixed neighbours
+            for prefix, source in list(sources.items())[:: 1 if r % 2 == 0 else -1]:
+                got = _round({"order": order, "steps": args.steps}, source)
+                print(f"round {r + 1} {prefix or 'now/'}: {got}", file=sys.stderr, flush=True)
+                for name, value in got.items():
+                    runs[prefix + name].append(value)
     setup = dict(steps=args.steps, repeats=args.repeats, global_batch_size=BATCH,
                  image_size=IMAGE_SIZE, replicas=REPLICAS, steps_per_execution=SPE,
                  before=args.before)  # fmt: skip

@@ -267,7 +267,7 @@ class InputData:
             ds = ds.batch(batch)
             return ds if augment is None else self._augmented(ds, epoch)
         total, side = context.num_replicas_in_sync, self.image_size
-        local = total // context.num_input_pipelines  # this worker's replicas
+        local = _local(context)
         first = context.input_pipeline_id * local
 
         def part(step, records):  # the worker's part of a batch; each record's step and place
@@ -326,8 +326,7 @@ class InputData:
         for epoch in range(first_epoch + 1, last_epoch):
             ds = ds.concatenate(self.epoch_batches(epoch, context))
         if skip_steps:  # each step is one element per local replica
-            ds = ds.skip(skip_steps * (context.num_replicas_in_sync // context.num_input_pipelines
-                                       if context is not None else 1))  # fmt: skip
+            ds = ds.skip(skip_steps * (1 if context is None else _local(context)))
         return _set_options(ds.prefetch(AUTOTUNE), self.deterministic)
 
     def _val_batches(self, context=None) -> tf.data.Dataset | None:
@@ -375,6 +374,11 @@ def input_data_for(config, splits: Splits, global_batch_size: int, **overrides) 
         deterministic=config.deterministic,
     )
     return InputData(splits, config.resolved_image_size, global_batch_size, **arguments | overrides)
+
+
+def _local(context) -> int:
+    """The replicas of the worker of `context` (a `tf.distribute.InputContext`)."""
+    return context.num_replicas_in_sync // context.num_input_pipelines
 
 
 #: The disk caches this process fills, each with its lock, held until the process exits.

@@ -111,7 +111,7 @@ def train(config: TrainConfig, callbacks: list | None = None) -> TrainResult:
         result = run.execute(callbacks or [])
     if config.output:
         write_outputs(config.output, result.model, result.history, result.summary(), run.chief,
-                      result.monitor_chart)
+                      result.monitor_chart)  # fmt: skip
     if config.backup_dir and run.chief:  # finished: the outputs now hold the result
         from mdtrain.backup import remove_backups
 
@@ -274,7 +274,8 @@ class _Run:
             for segment in segments:
                 history += self._run_segment(segment, point, [*callbacks, monitor], history)
         summary = monitor.summary()
-        shown = self.chief and config.monitor != "none"
+        # Drawn only for --output: what a notebook shows of a run in other processes.
+        keep_chart = self.chief and config.monitor != "none" and bool(config.output)
         return TrainResult(
             config=config,
             replicas=self.replicas,
@@ -292,7 +293,7 @@ class _Run:
             augment_in=self.augment_in,
             ps_log=self.ps_log,
             precision=self.precision,
-            monitor_chart=monitor.chart_png(dpi=100) if shown else None,
+            monitor_chart=monitor.chart_png(dpi=100) if keep_chart else None,
         )
 
     def _say(self, text: str) -> None:
@@ -362,8 +363,7 @@ class _Run:
 
 
 def write_outputs(output, net, history, report: dict, chief: bool = True, chart=None) -> None:
-    """Writes a run's `model.keras`, `history.json`, `report.json` (and the monitor's
-    `monitor.png` when it has a `chart`): the one output writer."""
+    """Writes `model.keras`, `history.json`, `report.json` and a `chart` (`monitor.png`)."""
     import keras
 
     from mdtrain.norm import swap_batch_norm
@@ -373,7 +373,7 @@ def write_outputs(output, net, history, report: dict, chief: bool = True, chart=
         swap_batch_norm(net, keras.layers.BatchNormalization).save(out / "model.keras")
         (out / "history.json").write_text(json.dumps(history, indent=1))
         (out / "report.json").write_text(json.dumps(report, indent=1))
-        if chart is not None:  # the picture a notebook shows of a run in another process
+        if chart is not None:  # the monitor's chart, as PNG bytes
             (out / "monitor.png").write_bytes(chart)
 
     if not chief:  # saving can involve collectives: other workers save into a temporary folder
