@@ -177,6 +177,17 @@ def test_tensorflows_runtime_log_lines_go_to_the_log_file_only(tmp_path):
     assert "StartAbort" in log and "Error received from peer" in log
 
 
+def test_a_workers_traceback_reaches_its_log_without_colour_codes(tmp_path):
+    # A Jupyter kernel sets FORCE_COLOR; Python 3.13 would then colour tracebacks into the log.
+    crash = "import os; print('colours', os.environ['PYTHON_COLORS']); raise RuntimeError('boom')"
+    stream = io.StringIO()
+    code = run_workers([sys.executable, "-c", crash], 1, stream=stream, log_dir=tmp_path,
+                       env=_env(FORCE_COLOR="1"))  # fmt: skip
+    log = (tmp_path / "worker-0.log").read_text()
+    assert code == 1 and "colours 0" in log
+    assert "\nRuntimeError: boom" in log and "\x1b[" not in log + stream.getvalue()
+
+
 def test_default_log_dir_is_fresh_temp_dir(tmp_path):
     code, out = run_workers(FAKE, 1, stream=(s := io.StringIO())), None
     out = s.getvalue()

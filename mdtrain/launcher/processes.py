@@ -123,7 +123,9 @@ class Job:
         try:
             proc = subprocess.Popen(
                 command,
-                env={**env, "PYTHONUNBUFFERED": "1"},  # lines arrive as printed: silence is silence
+                # Lines arrive as printed (silence is silence), tracebacks without colour codes:
+                # a Jupyter kernel sets FORCE_COLOR, which Python 3.13 obeys even into a pipe.
+                env={**env, "PYTHONUNBUFFERED": "1", "PYTHON_COLORS": "0"},
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
