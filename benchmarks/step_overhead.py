@@ -16,10 +16,12 @@ in-memory batches under the same `MirroredStrategy`:
 Every round is one fresh process (virtual CPU devices are fixed when
 TensorFlow starts) that runs every variant, in an order shuffled round by
 round: a warm-up `fit` of 16 steps (tracing), then one timed call of an epoch
-of `--steps` steps, the whole call (its iterator, callbacks and last wait
-included: `fit` and `custom_fit` make their iterators at different points of a
-call). The result holds each variant's median steps/s, its spread, its ratio
-to `keras_fit` computed round by round, and the process's CPU milliseconds per
+of `--steps` steps, from the call to `on_train_end`: its iterator, callbacks
+and last wait included (`fit` and `custom_fit` make their iterators at
+different points of a call), the iterator's deletion after it left out (it can
+stall for seconds in any variant: `mdtrain.compat.without_autotuning`). The
+result holds each variant's median steps/s, its spread, its ratio to
+`keras_fit` computed round by round, and the process's CPU milliseconds per
 step (what the host spends, less moved by the machine's other tenants). A
 variant that fails records its error. `--before REF` also runs the package at
 an earlier git commit (from a temporary worktree), in rounds interleaved with
@@ -80,17 +82,26 @@ def _variant(name: str, strategy, dataset, steps: int) -> list[float]:
             model = ExactTrainer(net)
             model.compile(keras.optimizers.SGD(0.01), **options)
 
+    class TrainEnd(keras.callbacks.Callback):
+        def on_train_end(self, logs=None):
+            self.at = (time.perf_counter(), time.process_time())
+
     def call(epoch_steps: int) -> tuple[float, float]:  # one epoch: wall and CPU seconds
+        end = TrainEnd()
         wall, cpu = time.perf_counter(), time.process_time()
         if "custom" in name:
-            custom_fit(model, strategy, dataset, epochs=1, steps_per_epoch=epoch_steps, verbose=0)
+            custom_fit(model, strategy, dataset, epochs=1, steps_per_epoch=epoch_steps, verbose=0,
+                       callbacks=[end])  # fmt: skip
         else:
-            model.fit(dataset, epochs=1, steps_per_epoch=epoch_steps, shuffle=False, verbose=0)
-        return time.perf_counter() - wall, time.process_time() - cpu
+            model.fit(dataset, epochs=1, steps_per_epoch=epoch_steps, shuffle=False, verbose=0,
+                      callbacks=[end])  # fmt: skip
+        return end.at[0] - wall, end.at[1] - cpu
 
     call(SPE)  # warm-up: tracing
-    # The whole call is timed: `fit` makes its iterator inside its epoch, `custom_fit` before its
-    # callbacks start, so only the whole call holds the same work for both.
+    # From the call to `on_train_end`: `fit` makes its iterator inside its epoch, `custom_fit`
+    # before its callbacks start, so only the whole call holds the same work for both. What
+    # follows `on_train_end`, the iterator's deletion, can stall for seconds in any variant
+    # (tf.data's autotuning thread, `compat.without_autotuning`): left out.
     wall, cpu = call(steps)
     return [steps / wall, 1e3 * cpu / steps]
 

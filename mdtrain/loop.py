@@ -7,8 +7,9 @@ per-example loss by the number of examples in the *whole* global batch:
 
     loss_on_replica = sum(per_example_loss on this replica) / global_count
 
-`global_count` is all-reduced every step, so it is right for the last,
-partial batch too, where replicas get uneven slices (even none). Keras 3's
+`global_count` is counted every step (summed on the host where every replica
+is local, all-reduced across workers), so it is right for the last, partial
+batch too, where replicas get uneven slices (even none). Keras 3's
 built-in `fit` instead scales each replica's *mean* loss by
 1/num_replicas_in_sync, which is wrong whenever the slices are uneven, and so
 is the common recipe `compute_average_loss(..., global_batch_size=GLOBAL)`,
@@ -82,7 +83,8 @@ def _compiled_step(strategy: tf.distribute.Strategy, step_fn, element_spec):
 
 
 def _compiled_steps(strategy: tf.distribute.Strategy, step_fn, results, timed: bool):
-    """Up to `limit` steps in one graph: (steps run, examples, input wait in s, metric results)."""
+    """`steps(iterator, limit)`: up to `limit` steps in one graph; returns, as tensors, the steps
+    run, their global examples, the seconds waited for input and the metrics' results."""
     clock = tf.timestamp if timed else lambda: tf.constant(0.0, tf.float64)  # determinism: no clock
 
     def fetch(iterator):
@@ -91,13 +93,26 @@ def _compiled_steps(strategy: tf.distribute.Strategy, step_fn, results, timed: b
         with tf.control_dependencies([batch.has_value()]):
             return batch, clock() - start
 
+    def run(batch):  # one step on every replica: its global example count
+        data, count = batch.get_value(), None  # None: all-reduced in the step (multi-worker)
+        slices = strategy.experimental_local_results(data)
+        if len(slices) == strategy.num_replicas_in_sync:  # all here: counted with no collective
+            count = tf.add_n([tf.cast(tf.shape(labels)[0], tf.float32) for _, labels, *_ in slices])
+        return strategy.experimental_local_results(strategy.run(step_fn, (data, count)))[0]
+
     @tf.function
-    def steps(iterator, limit):
+    def one_step(iterator):  # a while_loop around one step cost the host 15% of a small step
+        batch, waited = fetch(iterator)
+        done, examples = tf.cond(batch.has_value(), lambda: (1, run(batch)), lambda: (0, 0.0))
+        return done, examples, waited, results()
+
+    @tf.function
+    def loop(iterator, limit):
         def step(done, examples, waited, batch):
-            count = strategy.experimental_local_results(strategy.run(step_fn, (batch.get_value(),)))
+            count = run(batch)
             batch, wait = tf.cond(done + 1 < limit, lambda: fetch(iterator),
                                   lambda: (batch, tf.constant(0.0, tf.float64)))  # fmt: skip
-            return done + 1, examples + count[0], waited + wait, batch
+            return done + 1, examples + count, waited + wait, batch
 
         def more(done, examples, waited, batch):
             return tf.logical_and(done < limit, batch.has_value())
@@ -105,6 +120,9 @@ def _compiled_steps(strategy: tf.distribute.Strategy, step_fn, results, timed: b
         batch, waited = fetch(iterator)
         done, examples, waited, _ = tf.while_loop(more, step, (0, 0.0, waited, batch))
         return done, examples, waited, results()
+
+    def steps(iterator, limit: int):
+        return one_step(iterator) if limit == 1 else loop(iterator, tf.constant(limit, tf.int32))
 
     return steps
 
@@ -202,9 +220,9 @@ class ExactTrainer(ExactFitHooks, keras.Model):
         self._counted_train_step(data)
         return self.get_metrics_result()
 
-    def _counted_train_step(self, data):
+    def _counted_train_step(self, data, global_count=None):
         """`train_step` that returns the step's global example count, for `last_step`."""
-        global_count, outputs = self._descend(data)
+        global_count, outputs = self._descend(data, global_count)
         self._update_metrics(*outputs)
         return global_count
 
@@ -228,10 +246,11 @@ class ExactTrainer(ExactFitHooks, keras.Model):
         sums = [tf.cast(losses, tf.float32) * weights, correct * weights, weights]
         return tf.stack([tf.reduce_sum(values) for values in sums])
 
-    def _descend(self, data):
+    def _descend(self, data, global_count=None):
         """Applies one replica's gradients; returns the global count and the metrics' inputs."""
         images, labels, weights, count = self._padded(data)
-        global_count = global_example_count(count)
+        if global_count is None:
+            global_count = global_example_count(count)
         with tf.GradientTape() as tape, example_weights(weights):
             probabilities = self.net(images, training=True)
             losses = self.per_example_loss(labels, probabilities)
@@ -277,8 +296,7 @@ class ExactTrainer(ExactFitHooks, keras.Model):
             self._timed = not op_determinism_enabled()
             self._steps = _compiled_steps(self.distribute_strategy, self._counted_train_step,
                                           self.get_metrics_result, self._timed)  # fmt: skip
-        limit = tf.constant(steps or self.steps_per_execution, tf.int32)
-        done, examples, waited, logs = self._steps(iterator, limit)
+        done, examples, waited, logs = self._steps(iterator, steps or self.steps_per_execution)
         if int(done) == 0:  # a host counter: no wait for the replicas' devices
             raise StopIteration
         self.last_step = StepStats(examples, waited if self._timed else None)

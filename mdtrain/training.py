@@ -162,16 +162,11 @@ class _Run:
         task = distribute.task_name(self.strategy)  # each worker's own disk cache
         self.inputs = input_data_for(config, self.splits, global_batch, cache_task=task)
         # What gives a saved position its meaning; a backup made under other values is refused.
-        self.fingerprint = dict(
-            model=config.model,
-            image_size=config.resolved_image_size,
-            class_names=self.splits.class_names,
-            num_train=self.inputs.num_train,
-            global_batch_size=global_batch,
-            seed=config.seed,
-            # a disk cache orders later epochs differently from memory or streaming
-            disk_cache=self.inputs.cache_mode == "disk",
-        )
+        # (A disk cache orders later epochs differently from memory or streaming.)
+        self.fingerprint = dict(model=config.model, image_size=config.resolved_image_size,
+                                class_names=self.splits.class_names, seed=config.seed,
+                                num_train=self.inputs.num_train, global_batch_size=global_batch,
+                                disk_cache=self.inputs.cache_mode == "disk")  # fmt: skip
         self.geometry = distribute.BatchGeometry(self.inputs.num_train, global_batch, self.replicas)
         if not self.chief:  # every worker prints its geometry; only the chief reports progress
             worker = distribute.task_id(self.strategy)
