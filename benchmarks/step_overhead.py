@@ -19,8 +19,11 @@ round: a warm-up `fit` of 16 steps (tracing), then one timed call of an epoch
 of `--steps` steps, from the call to `on_train_end`: its iterator, callbacks
 and last wait included (`fit` and `custom_fit` make their iterators at
 different points of a call), the iterator's deletion after it left out (it can
-stall for seconds in any variant: `mdtrain.compat.without_autotuning`). The
-result holds each variant's median steps/s, its spread, its ratio to
+stall for seconds in any variant: `mdtrain.compat.without_autotuning`); and
+the same call's steady state, from the end of its first call of the train
+function to the end of its last (without the distributed iterator's creation,
+which costs every variant about 150 ms here, and without the first fetch). The
+result holds each variant's median steps/s (both), its spread, its ratio to
 `keras_fit` computed round by round, and the process's CPU milliseconds per
 step (what the host spends, less moved by the machine's other tenants). A
 variant that fails records its error. `--before REF` also runs the package at
@@ -62,7 +65,8 @@ VARIANTS = ("keras_fit", "keras_fit_spe16", "exact_fit", "exact_fit_spe16", "exa
 
 
 def _variant(name: str, strategy, dataset, steps: int) -> list[float]:
-    """Trains variant `name` for a warm-up and a timed epoch; returns steps/s, CPU ms per step."""
+    """Trains variant `name` for a warm-up and a timed epoch: steps/s, CPU ms per step, and
+    steps/s in the steady state."""
     import keras
 
     from mdtrain.loop import ExactTrainer, custom_fit
@@ -82,12 +86,18 @@ def _variant(name: str, strategy, dataset, steps: int) -> list[float]:
             model = ExactTrainer(net)
             model.compile(keras.optimizers.SGD(0.01), **options)
 
-    class TrainEnd(keras.callbacks.Callback):
+    class Clock(keras.callbacks.Callback):
+        def on_train_begin(self, logs=None):
+            self.calls = []  # when each call of the train function ended, and its last step
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.calls.append((time.perf_counter(), batch + 1))
+
         def on_train_end(self, logs=None):
             self.at = (time.perf_counter(), time.process_time())
 
-    def call(epoch_steps: int) -> tuple[float, float]:  # one epoch: wall and CPU seconds
-        end = TrainEnd()
+    def call(epoch_steps: int) -> tuple[float, float, list]:  # one epoch: wall, CPU s, calls
+        end = Clock()
         wall, cpu = time.perf_counter(), time.process_time()
         if "custom" in name:
             custom_fit(model, strategy, dataset, epochs=1, steps_per_epoch=epoch_steps, verbose=0,
@@ -95,15 +105,17 @@ def _variant(name: str, strategy, dataset, steps: int) -> list[float]:
         else:
             model.fit(dataset, epochs=1, steps_per_epoch=epoch_steps, shuffle=False, verbose=0,
                       callbacks=[end])  # fmt: skip
-        return end.at[0] - wall, end.at[1] - cpu
+        return end.at[0] - wall, end.at[1] - cpu, end.calls
 
     call(SPE)  # warm-up: tracing
     # From the call to `on_train_end`: `fit` makes its iterator inside its epoch, `custom_fit`
     # before its callbacks start, so only the whole call holds the same work for both. What
     # follows `on_train_end`, the iterator's deletion, can stall for seconds in any variant
     # (tf.data's autotuning thread, `compat.without_autotuning`): left out.
-    wall, cpu = call(steps)
-    return [steps / wall, 1e3 * cpu / steps]
+    wall, cpu, calls = call(steps)
+    # The steady state: from the first call's end to the last's (no iterator, no first fetch).
+    (first, done), (last, steps_done) = calls[0], calls[-1]
+    return [steps / wall, 1e3 * cpu / steps, (steps_done - done) / (last - first)]
 
 
 def worker(config: dict) -> dict:
@@ -146,21 +158,23 @@ def _round(config: dict, source: Path) -> dict:
 
 
 def _summary(runs: dict[str, list]) -> dict:
-    """Per variant: median steps/s, spread, CPU ms per step, ratio to `keras_fit` round by round."""
+    """Per variant: median steps/s (whole call and steady state), spread, CPU ms per step, ratio
+    to `keras_fit` round by round."""
     result = {}
     for name, values in runs.items():
         if any(isinstance(v, str) for v in values):
             result[name] = {"error": next(v for v in values if isinstance(v, str))}
             continue
-        rates, cpu = [v[0] for v in values], [v[1] for v in values]
         base = runs.get(name.split("/")[0] + "/keras_fit") or runs["keras_fit"]
-        ratios = [r / b[0] for r, b in zip(rates, base, strict=True)]
-        result[name] = {"steps_per_sec": round(statistics.median(rates), 1),
-                        "spread": [round(min(rates), 1), round(max(rates), 1)],
-                        "cpu_ms_per_step": round(statistics.median(cpu), 2),
-                        "vs_keras_fit": round(statistics.median(ratios), 2),
-                        "vs_keras_fit_spread": [round(min(ratios), 2),
-                                                round(max(ratios), 2)]}  # fmt: skip
+        result[name] = {"cpu_ms_per_step": round(statistics.median(v[1] for v in values), 2)}
+        for key, i in (("", 0), ("steady_", 2)):
+            rates = [v[i] for v in values]
+            ratios = [r / b[i] for r, b in zip(rates, base, strict=True)]
+            result[name] |= {f"{key}steps_per_sec": round(statistics.median(rates), 1),
+                             f"{key}spread": [round(min(rates), 1), round(max(rates), 1)],
+                             f"{key}vs_keras_fit": round(statistics.median(ratios), 2),
+                             f"{key}vs_keras_fit_spread": [round(min(ratios), 2),
+                                                           round(max(ratios), 2)]}  # fmt: skip
     return result
 
 

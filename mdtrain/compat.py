@@ -67,7 +67,7 @@ class ExactFitHooks:
     # `steps_per_execution` steps even past `steps_per_epoch`, into the next epoch's batches
     # (`InputData.train_epochs`): each call here stops at the epoch's end. Keras also counts
     # N steps per call towards a dataset's known length and starts it over once they reach
-    # it, early: `fit` hides the length of epochs given back to back.
+    # it, early: `fit` hides the length of epochs given back to back (`repeat()`: none known).
     def make_train_function(self, force=False):
         if self.train_function is not None and not force:
             return self.train_function
@@ -83,7 +83,8 @@ class ExactFitHooks:
 
     def fit(self, x=None, *args, steps_per_epoch=None, **kwargs):
         self._epoch_position = (steps_per_epoch, 0)  # steps per epoch, steps done in this one
-        if steps_per_epoch and self.steps_per_execution > 1 and isinstance(x, tf.data.Dataset):
+        known = isinstance(x, tf.data.Dataset) and int(x.cardinality()) >= 0  # a length to hide
+        if steps_per_epoch and self.steps_per_execution > 1 and known:
             x = x.filter(lambda *batch: True)  # its cardinality unknown
         return super().fit(x, *args, steps_per_epoch=steps_per_epoch, **kwargs)
 

@@ -240,13 +240,10 @@ class _Run:
 
         config, inputs = self.config, self.inputs
         total = config.epochs + config.fine_tune_epochs
-        monitor = make_monitor(
-            inputs.global_batch_size,
-            epochs=total,
-            steps_per_epoch=inputs.steps_per_epoch,
-            display=config.monitor if self.chief else "none",
-            augments_on_device=self.augment_in == "model",
-        )
+        monitor = make_monitor(inputs.global_batch_size, epochs=total,
+                               steps_per_epoch=inputs.steps_per_epoch,
+                               display=config.monitor if self.chief else "none",
+                               augments_on_device=self.augment_in == "model")  # fmt: skip
         # Where the backup says the run stands (the start without one); refuses one too far.
         point = resume_point(config.backup_dir, self.fingerprint, self.chief, say=self._say)
         if point.epoch > total:
@@ -330,13 +327,9 @@ class _Run:
                 config.backup_every_steps, step_offset=segment.skip_steps, write=self.chief,
                 history=history, resumed_from=point.path,
             )]  # fmt: skip
-        run = dict(
-            epochs=segment.last_epoch,
-            initial_epoch=segment.first_epoch,
-            steps_per_epoch=inputs.steps_per_epoch - segment.skip_steps,
-            callbacks=callbacks,
-            verbose=config.verbose,
-        )
+        run = dict(epochs=segment.last_epoch, initial_epoch=segment.first_epoch,
+                   steps_per_epoch=inputs.steps_per_epoch - segment.skip_steps,
+                   callbacks=callbacks, verbose=config.verbose)  # fmt: skip
         if self.loop == "ps":  # each worker builds its own batches
             from mdtrain.ps.loop import coordinator_fit, worker_dataset_fn
 
@@ -372,9 +365,8 @@ def write_outputs(output, net, history, report: dict, chief: bool = True, chart=
             (out / "monitor.png").write_bytes(chart)
 
     if not chief:  # saving can involve collectives: other workers save into a temporary folder
-        with tempfile.TemporaryDirectory(
-            prefix="mdtrain-worker-", ignore_cleanup_errors=True
-        ) as out:
+        scratch = tempfile.TemporaryDirectory(prefix="mdtrain-worker-", ignore_cleanup_errors=True)
+        with scratch as out:
             return save(Path(out))
     try:
         Path(output).mkdir(parents=True, exist_ok=True)

@@ -316,7 +316,7 @@ def test_two_logical_gpus_train_like_one_with_tf32_off():
     results = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     assert proc.returncode == 0 and results, proc.stderr[-3000:]
     for case, difference in json.loads(results[-1][len("RESULT ") :]).items():
-        assert difference < 1e-4, case  # tests/test_numerics.py's EXACT
+        assert difference < 1e-4, (case, difference)  # tests/test_numerics.py's EXACT
 
 
 @pytest.mark.gpu
