@@ -12,11 +12,13 @@ inside `train` only.
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Iterator
 
 import keras
 import tensorflow as tf
 from tensorflow.python.data.ops import multi_device_iterator_ops
+from tensorflow.python.distribute.coordinator import values as coordinator_values
 from tensorflow.python.framework import config as tf_config
 
 from mdtrain.versions import TESTED
@@ -27,6 +29,7 @@ _NEEDED = (
     (keras.Model, "make_train_function"),
     (tf.distribute.MirroredStrategy, "_collective_key_base"),
     (multi_device_iterator_ops, "_create_device_dataset"),
+    (coordinator_values.RemoteValueImpl, "_copy_to_local"),
     (tf_config, "is_op_determinism_enabled"),
     (tf_config, "disable_op_determinism"),
 )
@@ -130,6 +133,25 @@ def without_autotuning(ds: tf.data.Dataset) -> tf.data.Dataset:
     options = tf.data.Options()
     options.autotune.enabled = False
     return ds.with_options(options)
+
+
+@contextlib.contextmanager
+def one_result_copy_at_a_time() -> Iterator[None]:
+    """A `ClusterCoordinator`'s step results copied to the chief one at a time, in the block."""
+    # Each worker's thread copies its step's result to the chief as the step ends: the chief
+    # crashed (SIGSEGV) with two threads in this copy, about 1 run in 300 of tests/test_ps.py's
+    # cluster (no upstream issue yet: docs/multi-worker.md). Three scalars: waiting costs little.
+    copy, lock = coordinator_values.RemoteValueImpl._copy_to_local, threading.Lock()
+
+    def serial_copy(remote_value):
+        with lock:
+            return copy(remote_value)
+
+    coordinator_values.RemoteValueImpl._copy_to_local = serial_copy
+    try:
+        yield
+    finally:
+        coordinator_values.RemoteValueImpl._copy_to_local = copy
 
 
 @contextlib.contextmanager

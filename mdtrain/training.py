@@ -50,21 +50,13 @@ class TrainResult:
 
     def summary(self) -> dict:
         summary = {
-            "replicas": self.replicas,
-            "global_batch_size": self.global_batch_size,
-            "num_train": self.num_train,
-            "num_val": self.num_val,
-            "class_names": self.class_names,
-            "epochs": len(self.history),
-            "history": self.history,
-            "images_per_sec": round(self.images_per_sec, 1),
-            "skipped_files": self.skipped_files,
-            "output": self.output,
-            "monitor": self.monitor_summary,
-            "augment_in": self.augment_in,
-            "precision": self.precision,
-            "config": dataclasses.asdict(self.config),
-        }
+            "replicas": self.replicas, "global_batch_size": self.global_batch_size,
+            "num_train": self.num_train, "num_val": self.num_val, "class_names": self.class_names,
+            "epochs": len(self.history), "history": self.history,
+            "images_per_sec": round(self.images_per_sec, 1), "skipped_files": self.skipped_files,
+            "output": self.output, "monitor": self.monitor_summary, "augment_in": self.augment_in,
+            "precision": self.precision, "config": dataclasses.asdict(self.config),
+        }  # fmt: skip
         if self.ps_log is not None:
             summary["ps_log"] = self.ps_log
         return summary
@@ -269,24 +261,15 @@ class _Run:
         # Drawn only for --output: what a notebook shows of a run in other processes.
         keep_chart = self.chief and config.monitor != "none" and bool(config.output)
         return TrainResult(
-            config=config,
-            replicas=self.replicas,
-            global_batch_size=inputs.global_batch_size,
-            num_train=inputs.num_train,
-            num_val=inputs.num_val,
-            class_names=self.splits.class_names,
-            history=history,
+            config=config, replicas=self.replicas, global_batch_size=inputs.global_batch_size,
+            num_train=inputs.num_train, num_val=inputs.num_val,
+            class_names=self.splits.class_names, history=history,
             images_per_sec=float(summary.images_per_sec or 0.0),
-            skipped_files=[vars(s) for s in self.splits.skipped],
-            output=config.output,
-            model=self.trainer.net,
-            monitor_summary=summary.to_dict(),
-            is_chief=self.chief,
-            augment_in=self.augment_in,
-            ps_log=self.ps_log,
-            precision=self.precision,
+            skipped_files=[vars(s) for s in self.splits.skipped], output=config.output,
+            model=self.trainer.net, monitor_summary=summary.to_dict(), is_chief=self.chief,
+            augment_in=self.augment_in, ps_log=self.ps_log, precision=self.precision,
             monitor_chart=monitor.chart_png(dpi=100) if keep_chart else None,
-        )
+        )  # fmt: skip
 
     def _say(self, text: str) -> None:
         if self.config.verbose:  # 0 on every worker but the chief

@@ -13,9 +13,11 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from mdtrain.compat import one_result_copy_at_a_time
 from mdtrain.loop import StepStats, build_optimizer, metric_logs
 
 
+@one_result_copy_at_a_time()
 def coordinator_fit(
     trainer,
     strategy,
