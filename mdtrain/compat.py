@@ -139,7 +139,7 @@ def without_autotuning(ds: tf.data.Dataset) -> tf.data.Dataset:
 def one_result_copy_at_a_time() -> Iterator[None]:
     """A `ClusterCoordinator`'s step results copied to the chief one at a time, in the block."""
     # Each worker's thread copies its step's result to the chief as the step ends: the chief
-    # crashed (SIGSEGV) with two threads in this copy, about 1 run in 300 of tests/test_ps.py's
+    # crashed (SIGSEGV) with two threads in this copy, about 1 run in 250 of tests/test_ps.py's
     # cluster (no upstream issue yet: docs/multi-worker.md). Three scalars: waiting costs little.
     copy, lock = coordinator_values.RemoteValueImpl._copy_to_local, threading.Lock()
 
