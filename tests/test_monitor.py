@@ -494,11 +494,15 @@ def keras():
     return pytest.importorskip("keras")
 
 
-def test_callback_reads_the_trainers_step_figures(keras, capsys):
+def test_callback_reads_the_trainers_step_figures(keras, capsys, monkeypatch):
     """Driven as mdtrain's loops drive it: the model records each step's real size and wait."""
-    from mdtrain.loop import StepStats
-    from mdtrain.monitor import MonitorCallback
+    import functools
 
+    from mdtrain.loop import StepStats
+    from mdtrain.monitor import MonitorCallback, callback
+
+    clock = FakeClock()  # steps of 50 ms exactly, whatever the machine's load
+    monkeypatch.setattr(callback, "ThroughputMeter", functools.partial(ThroughputMeter, clock=clock))
     sampler = FakeSampler(gpu_util=35.0)
     monitor = MonitorCallback(64, display="text")
     monitor.sampler = sampler
@@ -510,7 +514,7 @@ def test_callback_reads_the_trainers_step_figures(keras, capsys):
         callbacks.on_epoch_begin(epoch)
         for step in range(4):
             callbacks.on_train_batch_begin(step)
-            time.sleep(0.05)  # the share stays above 0.3 unless a step takes 0.1 s
+            clock.advance(0.05)
             size = 64 if step < 3 else 10  # a partial last batch
             trainer.last_step = StepStats(size, 0.03)
             callbacks.on_train_batch_end(step, {"loss": 1.0})
@@ -522,7 +526,8 @@ def test_callback_reads_the_trainers_step_figures(keras, capsys):
     summary = monitor.summary()
     assert summary.steps == 7  # the first step (tracing, compiling) is left out
     assert summary.images == 2 * (3 * 64 + 10) - 64
-    assert 0.3 < summary.input_wait_share <= 0.6
+    assert summary.input_wait_share == pytest.approx(0.6)  # 30 ms of each 50 ms step
+    assert summary.images_per_sec == pytest.approx(summary.images / (7 * 0.05))
     assert summary.verdict.startswith("input-bound (highly)")
     assert sampler.started == 1 and sampler.stopped == 1
     lines = capsys.readouterr().out.splitlines()
