@@ -2,9 +2,11 @@
 
 No JupyterLab extension beyond ipywidgets' own, and only widgets ipywidgets 7
 and 8 share, so it renders on Colab (7.7.1) and Kaggle (8.1.5). Widgets are
-updated from a background thread at a few hertz: the training thread only
-records numbers, which keeps the monitor's cost per step in microseconds (see
-benchmarks/monitor_overhead.py).
+updated from a background thread once a second: the training thread only records
+numbers, which keeps the monitor's cost per step in microseconds (see
+benchmarks/monitor_overhead.py). Each changed widget is one kernel message: at 4
+refreshes a second a minute of training sent ~900, and a client that reads output
+only after the cell (nbval) then saw the kernel's output stall for over 5 s.
 """
 
 from __future__ import annotations
@@ -30,9 +32,8 @@ class Dashboard:
     Args:
         monitor: The `MonitorCallback` to show: its ``meter``, ``sampler``,
             ``epoch``, ``epochs``, ``steps_per_epoch``, ``summary()`` and ``chart_png()``.
-        refresh_s: Seconds between widget refreshes. Defaults to ``0.25``.
-        chart_every_s: Least seconds between chart redraws (a redraw costs
-            tens of milliseconds). Defaults to ``2.0``.
+        refresh_s: Seconds between widget refreshes. Defaults to ``1.0``.
+        chart_every_s: Least seconds between chart redraws (tens of ms each). Defaults to ``2.0``.
 
     Example:
 
@@ -43,7 +44,7 @@ class Dashboard:
     ```
     """
 
-    def __init__(self, monitor, *, refresh_s: float = 0.25, chart_every_s: float = 2.0) -> None:
+    def __init__(self, monitor, *, refresh_s: float = 1.0, chart_every_s: float = 2.0) -> None:
         self.monitor = monitor
         self.refresh_s = refresh_s
         self.chart_every_s = chart_every_s
@@ -91,8 +92,7 @@ class Dashboard:
         """Stops the refresh thread, shows the run's final figures and verdict, hides the chart.
 
         The monitor leaves the final chart below the widget as a plain image
-        (`MonitorCallback`), which a saved notebook keeps: shown in the widget
-        too, it would show twice.
+        (`MonitorCallback`), which a saved notebook keeps: here it would show twice.
         """
         self._stop.set()
         if self._thread is not None:
