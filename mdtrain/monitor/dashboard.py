@@ -5,7 +5,7 @@ and 8 share, so it renders on Colab (7.7.1) and Kaggle (8.1.5). Widgets are
 updated from a background thread once a second: the training thread only records
 numbers, which keeps the monitor's cost per step in microseconds (see
 benchmarks/monitor_overhead.py). Each changed widget is one kernel message: at 4
-refreshes a second a minute of training sent ~900, and a client that reads output
+refreshes a second, 52 s of training sent up to 880, and a client that reads output
 only after the cell (nbval) then saw the kernel's output stall for over 5 s.
 """
 
