@@ -338,8 +338,11 @@ def mdtrain_run(run: dict, work: str, record: dict) -> None:
     try:
         with contextlib.redirect_stdout(tee), contextlib.redirect_stderr(tee):
             args = build_parser().parse_args(["train", *argv])
-            options = {k: v for k, v in vars(args).items()
-                       if k not in ("command", "json", "mark_after", "mark_file")}
+            options = {
+                k: v
+                for k, v in vars(args).items()
+                if k not in ("command", "json", "mark_after", "mark_file")
+            }
             config = TrainConfig(**options)
             config.validate()
             result = train(config, callbacks=[timer])

@@ -255,9 +255,11 @@ class Backup(keras.callbacks.Callback):
         self._epoch, self._step = epoch, self.step_offset
         if self.step_offset and self.resumed_from is not None:
             if not _restore_metrics(self.model, self.resumed_from) and self.write:
-                print(f"backup: {self.resumed_from.name} holds no training metrics (an older "
-                      "mdtrain made it): this epoch's figures count the steps after the resume",
-                      flush=True)  # fmt: skip
+                print(
+                    f"backup: {self.resumed_from.name} holds no training metrics (an older "
+                    "mdtrain made it): this epoch's figures count the steps after the resume",
+                    flush=True,
+                )
 
     def on_train_batch_end(self, batch, logs=None):
         # With N steps per call (`steps_per_execution`) a batch ends every N steps: the backup

@@ -27,8 +27,8 @@ PS_STRATEGY = "ps"
 CPU_STRATEGY = re.compile(r"^cpu:(\d+)$")
 
 
-STRATEGY_NOTEBOOK = "notebooks/07_choosing_a_strategy.ipynb"
-# Strategies `mdtrain train` does not offer, and why (measured in notebook 07's matrix).
+STRATEGY_NOTEBOOK = "notebooks/09_choosing_a_strategy.ipynb"
+# Strategies `mdtrain train` does not offer, and why (measured in notebook 09's matrix).
 _NOT_OFFERED = {
     "ps": "parameter-server training runs in the chief of a cluster of ps and worker tasks "
     "(TF_CONFIG): start one with `mdtrain launch --workers N --ps M -- <train arguments>`",
@@ -36,9 +36,11 @@ _NOT_OFFERED = {
     "mirrored gives (synchronous updates), with the variables on one device; use mirrored",
 }
 _ALIASES = {
-    "parameterserver": "ps", "parameterserverstrategy": "ps",
-    "centralstorage": "central", "centralstoragestrategy": "central",
-}  # fmt: skip
+    "parameterserver": "ps",
+    "parameterserverstrategy": "ps",
+    "centralstorage": "central",
+    "centralstoragestrategy": "central",
+}
 
 
 def check_strategy_name(name: str) -> None:
@@ -52,9 +54,11 @@ def check_strategy_name(name: str) -> None:
     if key in _NOT_OFFERED:
         raise bad_value("strategy", name, f"{_NOT_OFFERED[key]} (see {STRATEGY_NOTEBOOK})")
     raise bad_value(
-        "strategy", name, f"unknown; choose one of {', '.join(STRATEGIES)} (N >= 1); "
+        "strategy",
+        name,
+        f"unknown; choose one of {', '.join(STRATEGIES)} (N >= 1); "
         f"{STRATEGY_NOTEBOOK} compares them",
-    )  # fmt: skip
+    )
 
 
 def _is_ps_chief() -> bool:
@@ -105,14 +109,20 @@ def smallest_image_size(model: str) -> int:
 def check_image_size(model: str, image_size: int) -> None:
     """Raises `UsageError` unless `model` can take images of side `image_size`."""
     smallest = smallest_image_size(model)
-    check(image_size >= smallest, "image_size", image_size,
-          f"{model} needs at least {smallest} pixels")  # fmt: skip
+    check(
+        image_size >= smallest,
+        "image_size",
+        image_size,
+        f"{model} needs at least {smallest} pixels",
+    )
 
 
 def check_batch_sizes(per_replica: int | None, global_batch: int | None) -> None:
     """Raises `UsageError` unless at most one batch size is given, and it is positive."""
     if per_replica is not None and global_batch is not None:
         raise UsageError("give a per-replica or a global batch size, not both")
-    for argument, value in (("batch_size_per_replica", per_replica),
-                            ("global_batch_size", global_batch)):  # fmt: skip
+    for argument, value in (
+        ("batch_size_per_replica", per_replica),
+        ("global_batch_size", global_batch),
+    ):
         check(value is None or value >= 1, argument, value, "must be at least 1")

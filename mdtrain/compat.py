@@ -37,8 +37,11 @@ _NEEDED = (
 
 def check() -> None:
     """Raises `ImportError` if a private name mdtrain relies on is gone."""
-    missing = [f"{getattr(owner, '__name__', owner)}.{name}" for owner, name in _NEEDED
-               if not hasattr(owner, name)]  # fmt: skip
+    missing = [
+        f"{getattr(owner, '__name__', owner)}.{name}"
+        for owner, name in _NEEDED
+        if not hasattr(owner, name)
+    ]
     if missing:
         oldest, newest = (".".join(map(str, v)) for v in TESTED["keras"])
         raise ImportError(

@@ -100,61 +100,113 @@ class TrainConfig:
             problem = _folder_problem(Path(folder)) if folder else None
             c.check(problem is None, argument, folder, problem)
         taken = [n for n in OUTPUT_FILES if self.output and (Path(self.output) / n).exists()]
-        c.check(not taken, "output", self.output, f"already holds {', '.join(taken)}; "
-                "choose a new folder (nothing was overwritten)")  # fmt: skip
+        c.check(
+            not taken,
+            "output",
+            self.output,
+            f"already holds {', '.join(taken)}; choose a new folder (nothing was overwritten)",
+        )
 
     def _rules(self) -> list[tuple[str, bool, str]]:
         """Every other check, one row each: (argument, whether it holds, what is wrong)."""
-        options = {"loop": c.LOOPS, "augment_in": c.AUGMENT_IN, "class_weight": c.CLASS_WEIGHTS,
-                   "cache": c.CACHE_MODES, "monitor": c.MONITOR_DISPLAYS,
-                   "batch_norm": c.BATCH_NORMS}  # fmt: skip
+        options = {
+            "loop": c.LOOPS,
+            "augment_in": c.AUGMENT_IN,
+            "class_weight": c.CLASS_WEIGHTS,
+            "cache": c.CACHE_MODES,
+            "monitor": c.MONITOR_DISPLAYS,
+            "batch_norm": c.BATCH_NORMS,
+        }
         smallest = c.smallest_image_size(self.model)
         pretrained = "needs a pretrained base: "
         ps = self.strategy == c.PS_STRATEGY
         not_ps = f"not under parameter-server training (see {c.STRATEGY_NOTEBOOK})"
         return [
-            *((name, getattr(self, name) in values, f"choose one of {', '.join(values)}")
-              for name, values in options.items()),  # fmt: skip
-            ("image_size", self.image_size is None or self.image_size >= smallest,
-             f"{self.model} needs at least {smallest} pixels"),
+            *(
+                (name, getattr(self, name) in values, f"choose one of {', '.join(values)}")
+                for name, values in options.items()
+            ),
+            (
+                "image_size",
+                self.image_size is None or self.image_size >= smallest,
+                f"{self.model} needs at least {smallest} pixels",
+            ),
             ("dropout", 0 <= self.dropout < 1, "must be in [0, 1)"),
             ("epochs", self.epochs >= 1, "must be at least 1"),
             ("fine_tune_epochs", self.fine_tune_epochs >= 0, "must be at least 0"),
             ("learning_rate", self.learning_rate > 0, "must be positive"),
-            ("warmup_epochs", 0 <= self.warmup_epochs < self.epochs,
-             f"must be in [0, {self.epochs}): the warm-up is part of the training epochs"),
-            ("validation_split", 0 <= self.validation_split < 1,
-             "must be in [0, 1) (0 means no validation)"),
+            (
+                "warmup_epochs",
+                0 <= self.warmup_epochs < self.epochs,
+                f"must be in [0, {self.epochs}): the warm-up is part of the training epochs",
+            ),
+            (
+                "validation_split",
+                0 <= self.validation_split < 1,
+                "must be in [0, 1) (0 means no validation)",
+            ),
             ("seed", 0 <= self.seed < 2**32, "must be in [0, 2**32)"),
             ("log_every", self.log_every >= 1, "must be at least 1"),
-            ("steps_per_execution", self.steps_per_execution is None
-             or self.steps_per_execution >= 1, "must be at least 1"),
+            (
+                "steps_per_execution",
+                self.steps_per_execution is None or self.steps_per_execution >= 1,
+                "must be at least 1",
+            ),
             # What parameter-server training lacks: its updates are asynchronous, its
             # workers share no disk cache, and its loop has no backups or second phase.
             ("backup_dir", not ps or self.backup_dir is None, not_ps),
             ("fine_tune_epochs", not ps or self.fine_tune_epochs == 0, not_ps),
             ("mixed_precision", not ps or not self.mixed_precision, not_ps),
-            ("deterministic", not ps or not self.deterministic, "parameter-server training's "
-             f"asynchronous updates cannot be reproduced (see {c.STRATEGY_NOTEBOOK})"),
-            ("cache", not ps or self.cache != "disk", "parameter-server training's workers would "
-             f"all write the same cache files; use memory or none (see {c.STRATEGY_NOTEBOOK})"),
-            ("backup_every_steps", self.backup_every_steps is None or self.backup_every_steps >= 1,
-             "must be at least 1"),
-            ("backup_every_steps", self.backup_every_steps is None or bool(self.backup_dir),
-             "needs a backup folder (--backup-dir)"),
-            ("augment_in", self.augment or self.augment_in == "auto",
-             "has nothing to place: --no-augment turns augmentation off"),
-            ("fine_tune_epochs", self.fine_tune_epochs == 0 or self.model != "small-cnn",
-             pretrained + "use an EfficientNet model"),
-            ("fine_tune_epochs", self.fine_tune_epochs == 0 or self.weights != "none",
-             pretrained + "pass --weights imagenet or a weights file"),
-            ("weights", self.weights in ("imagenet", "none") or os.path.isfile(self.weights),
-             "no such file; pass imagenet, none, or a weights file"),
+            (
+                "deterministic",
+                not ps or not self.deterministic,
+                "parameter-server training's "
+                f"asynchronous updates cannot be reproduced (see {c.STRATEGY_NOTEBOOK})",
+            ),
+            (
+                "cache",
+                not ps or self.cache != "disk",
+                "parameter-server training's workers would "
+                f"all write the same cache files; use memory or none (see {c.STRATEGY_NOTEBOOK})",
+            ),
+            (
+                "backup_every_steps",
+                self.backup_every_steps is None or self.backup_every_steps >= 1,
+                "must be at least 1",
+            ),
+            (
+                "backup_every_steps",
+                self.backup_every_steps is None or bool(self.backup_dir),
+                "needs a backup folder (--backup-dir)",
+            ),
+            (
+                "augment_in",
+                self.augment or self.augment_in == "auto",
+                "has nothing to place: --no-augment turns augmentation off",
+            ),
+            (
+                "fine_tune_epochs",
+                self.fine_tune_epochs == 0 or self.model != "small-cnn",
+                pretrained + "use an EfficientNet model",
+            ),
+            (
+                "fine_tune_epochs",
+                self.fine_tune_epochs == 0 or self.weights != "none",
+                pretrained + "pass --weights imagenet or a weights file",
+            ),
+            (
+                "weights",
+                self.weights in ("imagenet", "none") or os.path.isfile(self.weights),
+                "no such file; pass imagenet, none, or a weights file",
+            ),
             # EfficientNetV2 trains its head on a frozen base: a random base cannot learn.
-            ("model", self.weights != "none" or self.model not in c.EFFICIENTNETS,
-             "trains only its head on a frozen base, so it needs --weights imagenet or a "
-             "…_notop.h5 file; to train an EfficientNet from scratch use efficientnet-lite0"),
-        ]  # fmt: skip
+            (
+                "model",
+                self.weights != "none" or self.model not in c.EFFICIENTNETS,
+                "trains only its head on a frozen base, so it needs --weights imagenet or a "
+                "…_notop.h5 file; to train an EfficientNet from scratch use efficientnet-lite0",
+            ),
+        ]
 
     @property
     def resolved_image_size(self) -> int:

@@ -113,8 +113,12 @@ def configure_devices(strategy: str = "auto", cpu_replicas: int = 2) -> None:
 
 
 def _tpu_available() -> bool:
-    if not (os.environ.get("TPU_NAME") or os.environ.get("COLAB_TPU_ADDR")
-            or os.path.exists("/dev/accel0") or os.path.exists("/dev/vfio/0")):  # fmt: skip
+    if not (
+        os.environ.get("TPU_NAME")
+        or os.environ.get("COLAB_TPU_ADDR")
+        or os.path.exists("/dev/accel0")
+        or os.path.exists("/dev/vfio/0")
+    ):
         return False
     try:
         tf.distribute.cluster_resolver.TPUClusterResolver()
@@ -229,11 +233,19 @@ def resolve_global_batch_size(
     if global_batch is None:
         return (32 if per_replica is None else per_replica) * num_replicas
     if global_batch < num_replicas:
-        raise bad_value("global_batch_size", global_batch, f"smaller than the {num_replicas} "
-                        "replicas; every replica needs at least one example per step")  # fmt: skip
+        raise bad_value(
+            "global_batch_size",
+            global_batch,
+            f"smaller than the {num_replicas} "
+            "replicas; every replica needs at least one example per step",
+        )
     if global_batch % num_replicas:
-        raise bad_value("global_batch_size", global_batch, f"not a multiple of the {num_replicas} "
-                        "replicas; use a multiple, or a per-replica batch size")  # fmt: skip
+        raise bad_value(
+            "global_batch_size",
+            global_batch,
+            f"not a multiple of the {num_replicas} "
+            "replicas; use a multiple, or a per-replica batch size",
+        )
     return global_batch
 
 

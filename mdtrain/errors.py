@@ -27,5 +27,6 @@ class UsageError(ValueError):
 
 def bad_value(argument: str, value, problem: str) -> UsageError:
     """A `UsageError` about one argument: `argument=value: problem`."""
-    return UsageError(f"{argument}={value}: {problem}", argument=argument, value=value,
-                      problem=problem)  # fmt: skip
+    return UsageError(
+        f"{argument}={value}: {problem}", argument=argument, value=value, problem=problem
+    )

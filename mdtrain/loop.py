@@ -65,8 +65,10 @@ def pad_empty_slice(images: tf.Tensor, labels: tf.Tensor, *more: tf.Tensor):
     # and the fused augmentation (`more`: its transforms) would compile a zero-size XLA program.
     count = tf.shape(labels)[0]
     pad = tf.cast(tf.equal(count, 0), tf.int32)
-    padded = [tf.concat([t, tf.zeros(tf.concat([[pad], tf.shape(t)[1:]], 0), t.dtype)], 0)
-              for t in (images, labels, *more)]  # fmt: skip
+    padded = [
+        tf.concat([t, tf.zeros(tf.concat([[pad], tf.shape(t)[1:]], 0), t.dtype)], 0)
+        for t in (images, labels, *more)
+    ]
     return (*padded, tf.concat([tf.ones([count]), tf.zeros([pad])], 0), count)
 
 
@@ -110,8 +112,11 @@ def _compiled_steps(strategy: tf.distribute.Strategy, step_fn, results, timed: b
     def loop(iterator, limit):
         def step(done, examples, waited, batch):
             count = run(batch)
-            batch, wait = tf.cond(done + 1 < limit, lambda: fetch(iterator),
-                                  lambda: (batch, tf.constant(0.0, tf.float64)))  # fmt: skip
+            batch, wait = tf.cond(
+                done + 1 < limit,
+                lambda: fetch(iterator),
+                lambda: (batch, tf.constant(0.0, tf.float64)),
+            )
             return done + 1, examples + count, waited + wait, batch
 
         def more(done, examples, waited, batch):
@@ -193,8 +198,11 @@ class ExactTrainer(ExactFitHooks, keras.Model):
             ValueError: for `loss`, `metrics`, `weighted_metrics`,
                 `loss_weights` or `jit_compile=True`.
         """
-        ignored = [k for k in ("loss", "metrics", "weighted_metrics", "loss_weights", "jit_compile")
-                   if kwargs.get(k) not in (None, False, "auto")]  # fmt: skip
+        ignored = [
+            k
+            for k in ("loss", "metrics", "weighted_metrics", "loss_weights", "jit_compile")
+            if kwargs.get(k) not in (None, False, "auto")
+        ]
         if ignored:
             raise ValueError(
                 f"ExactTrainer.compile: {', '.join(ignored)} cannot be set; the trainer "
@@ -294,8 +302,12 @@ class ExactTrainer(ExactFitHooks, keras.Model):
         if self._steps is None:
             build_optimizer(self)
             self._timed = not op_determinism_enabled()
-            self._steps = _compiled_steps(self.distribute_strategy, self._counted_train_step,
-                                          self.get_metrics_result, self._timed)  # fmt: skip
+            self._steps = _compiled_steps(
+                self.distribute_strategy,
+                self._counted_train_step,
+                self.get_metrics_result,
+                self._timed,
+            )
         done, examples, waited, logs = self._steps(iterator, steps or self.steps_per_execution)
         if int(done) == 0:  # a host counter: no wait for the replicas' devices
             raise StopIteration

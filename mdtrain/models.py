@@ -41,8 +41,9 @@ def _small_cnn(image_size: int, num_classes: int, dropout: float, dtype) -> kera
     inputs = keras.Input((image_size, image_size, 3), name="image")
     x = layers.Rescaling(1 / 255.0, dtype=dtype)(inputs)
     for i, filters in enumerate((32, 64, 128, 128)):
-        x = layers.Conv2D(filters, 3, padding="same", use_bias=False, name=f"conv{i}",
-                          dtype=dtype)(x)  # fmt: skip
+        x = layers.Conv2D(filters, 3, padding="same", use_bias=False, name=f"conv{i}", dtype=dtype)(
+            x
+        )
         x = ExactBatchNormalization(momentum=0.9, name=f"norm{i}", dtype=dtype)(x)
         x = layers.Activation("relu", dtype=dtype)(x)
         x = layers.MaxPooling2D(dtype=dtype)(x)
@@ -159,8 +160,12 @@ def build_model(
     check_model_name(name)
     check_dropout(dropout)
     check_image_size(name, image_size)
-    choices.check(batch_norm in choices.BATCH_NORMS, "batch_norm", batch_norm,
-                  f"choose one of {', '.join(choices.BATCH_NORMS)}")  # fmt: skip
+    choices.check(
+        batch_norm in choices.BATCH_NORMS,
+        "batch_norm",
+        batch_norm,
+        f"choose one of {', '.join(choices.BATCH_NORMS)}",
+    )
     dtype = keras.dtype_policies.get(dtype)
     if name == "small-cnn":
         net = _small_cnn(image_size, num_classes, dropout, dtype)

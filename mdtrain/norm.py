@@ -64,8 +64,11 @@ def global_moments(x: tf.Tensor, weights: tf.Tensor | None = None, shift=None):
     shift = tf.zeros([channels], x.dtype) if shift is None else tf.cast(shift, x.dtype)
     centred = x - tf.stop_gradient(shift)  # the moments do not depend on it
     weighted = centred * tf.reshape(weights, [-1] + [1] * (len(x.shape) - 1))
-    local = [[tf.reduce_sum(weights) * per_example], tf.reduce_sum(weighted, axes),
-             tf.reduce_sum(weighted * centred, axes)]  # fmt: skip
+    local = [
+        [tf.reduce_sum(weights) * per_example],
+        tf.reduce_sum(weighted, axes),
+        tf.reduce_sum(weighted * centred, axes),
+    ]
     count, sums, squares = tf.split(all_reduce_sum(tf.concat(local, 0)), [1, channels, channels])
     count = tf.maximum(count, 1.0)
     offset = sums / count

@@ -198,8 +198,9 @@ class InputData:
     def _shuffled(self, ds: tf.data.Dataset, epoch: int, buffer: int) -> tf.data.Dataset:
         if not self.shuffle:
             return ds
-        return ds.shuffle(buffer, seed=_epoch_seed(self.seed, epoch),
-                          reshuffle_each_iteration=False)  # fmt: skip
+        return ds.shuffle(
+            buffer, seed=_epoch_seed(self.seed, epoch), reshuffle_each_iteration=False
+        )
 
     @property
     def class_names(self) -> list[str]:

@@ -43,9 +43,12 @@ class Segment:
         import keras
 
         return keras.optimizers.schedules.CosineDecay(
-            0.0, self.decay_steps - self.warmup_steps, alpha=0.1,
-            warmup_target=self.learning_rate, warmup_steps=self.warmup_steps,
-        )  # fmt: skip
+            0.0,
+            self.decay_steps - self.warmup_steps,
+            alpha=0.1,
+            warmup_target=self.learning_rate,
+            warmup_steps=self.warmup_steps,
+        )
 
 
 def plan_run(
@@ -72,10 +75,18 @@ def plan_run(
         for i, (begin, end, skip_steps) in enumerate(pieces):
             restore = resume.path is not None and not segments  # the first segment loads it
             if begin < end:
-                segments.append(Segment(
-                    phase, begin, end, skip_steps, lr, (last - first) * steps_per_epoch,
-                    starts_phase=i == 0, restore=restore,
-                    restore_optimizer=restore and resume.phase == phase,
-                    warmup_steps=warmup * steps_per_epoch,
-                ))  # fmt: skip
+                segments.append(
+                    Segment(
+                        phase,
+                        begin,
+                        end,
+                        skip_steps,
+                        lr,
+                        (last - first) * steps_per_epoch,
+                        starts_phase=i == 0,
+                        restore=restore,
+                        restore_optimizer=restore and resume.phase == phase,
+                        warmup_steps=warmup * steps_per_epoch,
+                    )
+                )
     return segments

@@ -51,14 +51,22 @@ def strategy_devices(strategy) -> list[Device]:
     """The devices of `strategy`'s replicas on this worker, GPUs with their name and capability."""
     import tensorflow as tf
 
-    gpus = [gpu for gpu in tf.config.get_visible_devices("GPU")  # per logical GPU: its card
-            for _ in tf.config.get_logical_device_configuration(gpu) or [None]]  # fmt: skip
+    gpus = [
+        gpu
+        for gpu in tf.config.get_visible_devices("GPU")  # per logical GPU: its card
+        for _ in tf.config.get_logical_device_configuration(gpu) or [None]
+    ]
     devices = []
     for spec in map(tf.DeviceSpec.from_string, strategy.extended.worker_devices):
         gpu = spec.device_type == "GPU"
         info = tf.config.experimental.get_device_details(gpus[spec.device_index]) if gpu else {}
-        devices.append(Device(spec.device_type, info.get("device_name", "GPU"),
-                              info.get("compute_capability", (0, 0))))  # fmt: skip
+        devices.append(
+            Device(
+                spec.device_type,
+                info.get("device_name", "GPU"),
+                info.get("compute_capability", (0, 0)),
+            )
+        )
     return devices
 
 

@@ -44,8 +44,20 @@ def _shape_polygon(shape: str, cx: float, cy: float, r: float, angle: float) -> 
         pts = [(k * math.cos(a), k * math.sin(a)) for k, a in corners]
     else:  # cross
         w = 0.32
-        pts = [(w, 1), (-w, 1), (-w, w), (-1, w), (-1, -w), (-w, -w), (-w, -1), (w, -1),
-               (w, -w), (1, -w), (1, w), (w, w)]  # fmt: skip
+        pts = [
+            (w, 1),
+            (-w, 1),
+            (-w, w),
+            (-1, w),
+            (-1, -w),
+            (-w, -w),
+            (-w, -1),
+            (w, -1),
+            (w, -w),
+            (1, -w),
+            (1, w),
+            (w, w),
+        ]
     c, s = math.cos(angle), math.sin(angle)
     return [(cx + r * (c * x - s * y), cy + r * (s * x + c * y)) for x, y in pts]
 
@@ -71,8 +83,9 @@ def _draw_shape_image(shape: str, rng: np.random.Generator, size: int) -> Image.
     # Any hue, but clearly darker or lighter than the background behind it:
     # shape, not contrast, is what the classes differ in.
     light_background = ((top + bottom) / 2).mean() > 127
-    colour = tuple(int(v) for v in (rng.integers(0, 90, 3) if light_background
-                                    else rng.integers(165, 256, 3)))  # fmt: skip
+    colour = tuple(
+        int(v) for v in (rng.integers(0, 90, 3) if light_background else rng.integers(165, 256, 3))
+    )
     if shape == "circle":
         draw.ellipse([cx - r, cy - r, cx + r, cy + r], fill=colour)
     else:

@@ -50,13 +50,21 @@ class TrainResult:
 
     def summary(self) -> dict:
         summary = {
-            "replicas": self.replicas, "global_batch_size": self.global_batch_size,
-            "num_train": self.num_train, "num_val": self.num_val, "class_names": self.class_names,
-            "epochs": len(self.history), "history": self.history,
-            "images_per_sec": round(self.images_per_sec, 1), "skipped_files": self.skipped_files,
-            "output": self.output, "monitor": self.monitor_summary, "augment_in": self.augment_in,
-            "precision": self.precision, "config": dataclasses.asdict(self.config),
-        }  # fmt: skip
+            "replicas": self.replicas,
+            "global_batch_size": self.global_batch_size,
+            "num_train": self.num_train,
+            "num_val": self.num_val,
+            "class_names": self.class_names,
+            "epochs": len(self.history),
+            "history": self.history,
+            "images_per_sec": round(self.images_per_sec, 1),
+            "skipped_files": self.skipped_files,
+            "output": self.output,
+            "monitor": self.monitor_summary,
+            "augment_in": self.augment_in,
+            "precision": self.precision,
+            "config": dataclasses.asdict(self.config),
+        }
         if self.ps_log is not None:
             summary["ps_log"] = self.ps_log
         return summary
@@ -102,8 +110,14 @@ def train(config: TrainConfig, callbacks: list | None = None) -> TrainResult:
         run = _Run(config)
         result = run.execute(callbacks or [])
     if config.output:
-        write_outputs(config.output, result.model, result.history, result.summary(), run.chief,
-                      result.monitor_chart)  # fmt: skip
+        write_outputs(
+            config.output,
+            result.model,
+            result.history,
+            result.summary(),
+            run.chief,
+            result.monitor_chart,
+        )
     if config.backup_dir and run.chief:  # finished: the outputs now hold the result
         from mdtrain.backup import remove_backups
 
@@ -119,8 +133,15 @@ def new_trainer(config: TrainConfig, splits, augment=None, dtype=None):
 
     classes = splits.class_names
     class_weights = class_weights_for(config.class_weight, splits.train.counts(len(classes)))
-    net = build_model(config.model, len(classes), config.resolved_image_size, config.weights,
-                      config.dropout, config.batch_norm, dtype)  # fmt: skip
+    net = build_model(
+        config.model,
+        len(classes),
+        config.resolved_image_size,
+        config.weights,
+        config.dropout,
+        config.batch_norm,
+        dtype,
+    )
     # The trainer's policy too: under mixed_float16 its `compile` adds loss scaling.
     return ExactTrainer(net, class_weights, augment=augment, dtype=dtype)
 
@@ -146,8 +167,9 @@ class _Run:
         self.replicas = self.strategy.num_replicas_in_sync
         # data=None: the demo dataset, created on first use
         self.data_dir = config.data if config.data is not None else str(ensure_demo_dataset())
-        self.splits = load_splits(self.data_dir, config.val_data, config.validation_split,
-                                  config.seed)  # fmt: skip
+        self.splits = load_splits(
+            self.data_dir, config.val_data, config.validation_split, config.seed
+        )
         global_batch = distribute.resolve_global_batch_size(
             self.replicas, config.batch_size_per_replica, config.global_batch_size
         )
@@ -155,10 +177,15 @@ class _Run:
         self.inputs = input_data_for(config, self.splits, global_batch, cache_task=task)
         # What gives a saved position its meaning; a backup made under other values is refused.
         # (A disk cache orders later epochs differently from memory or streaming.)
-        self.fingerprint = dict(model=config.model, image_size=config.resolved_image_size,
-                                class_names=self.splits.class_names, seed=config.seed,
-                                num_train=self.inputs.num_train, global_batch_size=global_batch,
-                                disk_cache=self.inputs.cache_mode == "disk")  # fmt: skip
+        self.fingerprint = dict(
+            model=config.model,
+            image_size=config.resolved_image_size,
+            class_names=self.splits.class_names,
+            seed=config.seed,
+            num_train=self.inputs.num_train,
+            global_batch_size=global_batch,
+            disk_cache=self.inputs.cache_mode == "disk",
+        )
         self.geometry = distribute.BatchGeometry(self.inputs.num_train, global_batch, self.replicas)
         if not self.chief:  # every worker prints its geometry; only the chief reports progress
             worker = distribute.task_id(self.strategy)
@@ -189,21 +216,29 @@ class _Run:
 
     def _describe(self) -> None:
         splits, inputs = self.splits, self.inputs
-        self._say(f"strategy {type(self.strategy).__name__} with {self.replicas} replica(s): "
-                  f"{self.geometry.describe()}")  # fmt: skip
+        self._say(
+            f"strategy {type(self.strategy).__name__} with {self.replicas} replica(s): "
+            f"{self.geometry.describe()}"
+        )
         if self.loop == "ps":
             size, steps = self.ps_cluster, self.config.epochs * inputs.steps_per_epoch
-            self._say(f"parameter-server training: {size['num_workers']} worker(s), "
-                      f"{size['num_ps']} ps; {steps} steps of {inputs.global_batch_size} "
-                      "examples, asynchronous")  # fmt: skip
-        self._say(f"data {self.data_dir}: {len(splits.class_names)} classes, {inputs.num_train} "
-                  f"train, {inputs.num_val} validation, {len(splits.skipped)} unreadable "
-                  "file(s) skipped")  # fmt: skip
+            self._say(
+                f"parameter-server training: {size['num_workers']} worker(s), "
+                f"{size['num_ps']} ps; {steps} steps of {inputs.global_batch_size} "
+                "examples, asynchronous"
+            )
+        self._say(
+            f"data {self.data_dir}: {len(splits.class_names)} classes, {inputs.num_train} "
+            f"train, {inputs.num_val} validation, {len(splits.skipped)} unreadable "
+            "file(s) skipped"
+        )
         for s in splits.skipped[:10]:
             self._say(f"  skipped {s.path}: {s.reason}")
         if self.augment_in == "model":  # `TrainConfig.augment_place`
-            self._say("augmentation: drawn by the input pipeline, applied in the training step "
-                      "on each replica's device")  # fmt: skip
+            self._say(
+                "augmentation: drawn by the input pipeline, applied in the training step "
+                "on each replica's device"
+            )
 
     def _build_trainer(self):
         from mdtrain import precision
@@ -232,10 +267,13 @@ class _Run:
 
         config, inputs = self.config, self.inputs
         total = config.epochs + config.fine_tune_epochs
-        monitor = make_monitor(inputs.global_batch_size, epochs=total,
-                               steps_per_epoch=inputs.steps_per_epoch,
-                               display=config.monitor if self.chief else "none",
-                               augments_on_device=self.augment_in == "model")  # fmt: skip
+        monitor = make_monitor(
+            inputs.global_batch_size,
+            epochs=total,
+            steps_per_epoch=inputs.steps_per_epoch,
+            display=config.monitor if self.chief else "none",
+            augments_on_device=self.augment_in == "model",
+        )
         # Where the backup says the run stands (the start without one); refuses one too far.
         point = resume_point(config.backup_dir, self.fingerprint, self.chief, say=self._say)
         if point.epoch > total:
@@ -243,8 +281,14 @@ class _Run:
                 f"--backup-dir {config.backup_dir}: its backup is at epoch {point.epoch}, past "
                 f"this run's {total}; use the same --epochs, or another --backup-dir"
             )
-        segments = plan_run(config.epochs, config.fine_tune_epochs, config.learning_rate,
-                            inputs.steps_per_epoch, point, config.warmup_epochs)  # fmt: skip
+        segments = plan_run(
+            config.epochs,
+            config.fine_tune_epochs,
+            config.learning_rate,
+            inputs.steps_per_epoch,
+            point,
+            config.warmup_epochs,
+        )
         if not segments and point.path is not None:  # a backup at the very end of the run
             self._say("the backup is at the end of the run: its weights are the result")
             if point.phase == 1:  # the layers fine-tuning unfroze, as the run left them
@@ -261,15 +305,24 @@ class _Run:
         # Drawn only for --output: what a notebook shows of a run in other processes.
         keep_chart = self.chief and config.monitor != "none" and bool(config.output)
         return TrainResult(
-            config=config, replicas=self.replicas, global_batch_size=inputs.global_batch_size,
-            num_train=inputs.num_train, num_val=inputs.num_val,
-            class_names=self.splits.class_names, history=history,
+            config=config,
+            replicas=self.replicas,
+            global_batch_size=inputs.global_batch_size,
+            num_train=inputs.num_train,
+            num_val=inputs.num_val,
+            class_names=self.splits.class_names,
+            history=history,
             images_per_sec=float(summary.images_per_sec or 0.0),
-            skipped_files=[vars(s) for s in self.splits.skipped], output=config.output,
-            model=self.trainer.net, monitor_summary=summary.to_dict(), is_chief=self.chief,
-            augment_in=self.augment_in, ps_log=self.ps_log, precision=self.precision,
+            skipped_files=[vars(s) for s in self.splits.skipped],
+            output=config.output,
+            model=self.trainer.net,
+            monitor_summary=summary.to_dict(),
+            is_chief=self.chief,
+            augment_in=self.augment_in,
+            ps_log=self.ps_log,
+            precision=self.precision,
             monitor_chart=monitor.chart_png(dpi=100) if keep_chart else None,
-        )  # fmt: skip
+        )
 
     def _say(self, text: str) -> None:
         if self.config.verbose:  # 0 on every worker but the chief
@@ -283,8 +336,10 @@ class _Run:
         with self.strategy.scope():
             if segment.phase == 1:  # fine-tuning
                 n = unfreeze_top(self.trainer.net)
-                self._say(f"fine-tuning: {n} top layers of the base unfrozen, "
-                          f"learning rate {segment.learning_rate:g}")  # fmt: skip
+                self._say(
+                    f"fine-tuning: {n} top layers of the base unfrozen, "
+                    f"learning rate {segment.learning_rate:g}"
+                )
             self.schedule = segment.schedule()
             # Under parameter servers a float rate, which the coordinator sets (`mdtrain.ps`).
             rate = segment.learning_rate if self.loop == "ps" else self.schedule
@@ -305,22 +360,40 @@ class _Run:
         if segment.restore:
             restore(self.trainer, point, with_optimizer=segment.restore_optimizer)
         if config.backup_dir:
-            callbacks = [*callbacks, Backup(
-                config.backup_dir, self.fingerprint, segment.phase, inputs.steps_per_epoch,
-                config.backup_every_steps, step_offset=segment.skip_steps, write=self.chief,
-                history=history, resumed_from=point.path,
-            )]  # fmt: skip
-        run = dict(epochs=segment.last_epoch, initial_epoch=segment.first_epoch,
-                   steps_per_epoch=inputs.steps_per_epoch - segment.skip_steps,
-                   callbacks=callbacks, verbose=config.verbose)  # fmt: skip
+            callbacks = [
+                *callbacks,
+                Backup(
+                    config.backup_dir,
+                    self.fingerprint,
+                    segment.phase,
+                    inputs.steps_per_epoch,
+                    config.backup_every_steps,
+                    step_offset=segment.skip_steps,
+                    write=self.chief,
+                    history=history,
+                    resumed_from=point.path,
+                ),
+            ]
+        run = dict(
+            epochs=segment.last_epoch,
+            initial_epoch=segment.first_epoch,
+            steps_per_epoch=inputs.steps_per_epoch - segment.skip_steps,
+            callbacks=callbacks,
+            verbose=config.verbose,
+        )
         if self.loop == "ps":  # each worker builds its own batches
             from mdtrain.ps.loop import coordinator_fit, worker_dataset_fn
 
             batches = worker_dataset_fn(config, self.splits, inputs.global_batch_size)
             hist, self.ps_log = coordinator_fit(
-                self.trainer, self.strategy, batches, val_ds=inputs.val_ds,
-                learning_rate=self.schedule, log_every=config.log_every, **run,
-            )  # fmt: skip
+                self.trainer,
+                self.strategy,
+                batches,
+                val_ds=inputs.val_ds,
+                learning_rate=self.schedule,
+                log_every=config.log_every,
+                **run,
+            )
             self.ps_log |= self.ps_cluster
             return history_rows(hist)
         epochs = (segment.first_epoch, segment.last_epoch, segment.skip_steps)
@@ -357,5 +430,7 @@ def write_outputs(output, net, history, report: dict, chief: bool = True, chart=
     except OSError as e:  # to a new temporary folder, named in the error
         rescue = Path(tempfile.mkdtemp(prefix="mdtrain-run-"))
         save(rescue)
-        raise UsageError(f"--output {output}: cannot write ({e.strerror or e}); "
-                         f"the run's outputs were saved to {rescue} instead") from None  # fmt: skip
+        raise UsageError(
+            f"--output {output}: cannot write ({e.strerror or e}); "
+            f"the run's outputs were saved to {rescue} instead"
+        ) from None

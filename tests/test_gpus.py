@@ -97,7 +97,7 @@ def test_too_few_gpus_is_one_line(gpus, workers, per_worker, message):
     assert "\n" not in str(caught.value)
 
 
-# --- the devices of N local workers: what notebook 05 runs on each machine ------------
+# --- the devices of N local workers: what notebook 07 runs on each machine ------------
 
 
 @pytest.mark.parametrize(

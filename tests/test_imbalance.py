@@ -78,7 +78,7 @@ def _max_difference(a, b) -> float:
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
 def test_exact_trainer_class_weights_are_keras_class_weight(optimizer):
     """ExactTrainer(class_weights=w) trains what Keras' fit(class_weight=w) trains, with plain
-    SGD and with Adam (notebook 06's optimizer), and the weights matter: training without
+    SGD and with Adam (notebook 08's optimizer), and the weights matter: training without
     them ends elsewhere."""
     import keras
     import tensorflow as tf
@@ -102,13 +102,13 @@ def test_exact_trainer_class_weights_are_keras_class_weight(optimizer):
 
 @pytest.mark.parametrize("gpus", [0, 1, 2])
 def test_notebook_06_replicas_are_the_gpus_when_there_are_any(gpus):
-    """Notebook 06's strategy runs one replica per GPU, and on virtual CPUs only without one."""
+    """Notebook 08's strategy runs one replica per GPU, and on virtual CPUs only without one."""
     import types
     from pathlib import Path
 
     import nbformat
 
-    path = Path(__file__).resolve().parents[1] / "notebooks" / "06_class_imbalance.ipynb"
+    path = Path(__file__).resolve().parents[1] / "notebooks" / "08_class_imbalance.ipynb"
     source = "\n".join(c.source for c in nbformat.read(path, as_version=4).cells
                        if c.cell_type == "code")  # fmt: skip
     assert 'mdtrain.configure_devices("auto", cpu_replicas=2)' in source

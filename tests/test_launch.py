@@ -399,7 +399,7 @@ def test_each_worker_sees_its_own_gpus(tmp_path, visible, workers, per_worker, e
 
 @pytest.mark.parametrize("visible", ["", "0", "0,1"])  # a laptop, Colab, Kaggle's 2×T4
 def test_the_plain_workers_and_mdtrain_launch_get_the_same_devices(tmp_path, visible):
-    # Notebook 05 starts its plain script with `cuda_visible_devices[i]` for worker i, and
+    # Notebook 07 starts its plain script with `cuda_visible_devices[i]` for worker i, and
     # `mdtrain launch` with `gpus_per_worker`: the two runs it compares must match.
     env = _env(CUDA_VISIBLE_DEVICES=visible)
     devices = worker_devices(2, visible_gpus(env))

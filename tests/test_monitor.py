@@ -502,7 +502,9 @@ def test_callback_reads_the_trainers_step_figures(keras, capsys, monkeypatch):
     from mdtrain.monitor import MonitorCallback, callback
 
     clock = FakeClock()  # steps of 50 ms exactly, whatever the machine's load
-    monkeypatch.setattr(callback, "ThroughputMeter", functools.partial(ThroughputMeter, clock=clock))
+    monkeypatch.setattr(
+        callback, "ThroughputMeter", functools.partial(ThroughputMeter, clock=clock)
+    )
     sampler = FakeSampler(gpu_util=35.0)
     monitor = MonitorCallback(64, display="text")
     monitor.sampler = sampler

@@ -66,7 +66,7 @@ def test_saved_model_loads_and_predicts_without_mdtrain(tmp_path, tiny_dataset, 
 
 def test_saved_weights_keep_the_nets_order(tmp_path):
     """The `model.keras` mdtrain writes (Keras' BatchNormalization in place of the exact layer)
-    loads with plain Keras holding the trained net's weights in the net's order: notebook 05
+    loads with plain Keras holding the trained net's weights in the net's order: notebook 07
     compares it, tensor by tensor, with a plain script's model saved as it was built."""
     import keras
 

@@ -105,7 +105,7 @@ def test_bad_input_is_a_usage_error(tiny_dataset, kwargs, message):
 
 
 def test_a_keras_model_object_and_class_names(run_dir, tiny_dataset):
-    """The API form notebook 04 uses: a model in memory, its class names given."""
+    """The API form notebook 06 uses: a model in memory, its class names given."""
     import keras
 
     net = keras.models.load_model(run_dir / "model.keras")

@@ -44,7 +44,7 @@ _CHIEF_TF_CONFIG = json.dumps({
 def test_options_parameter_servers_lack_are_one_line_errors(option, value, monkeypatch):
     monkeypatch.setenv("TF_CONFIG", _CHIEF_TF_CONFIG)
     TrainConfig(strategy="ps").validate()  # the chief of a cluster may ask for ps
-    with pytest.raises(UsageError, match="07_choosing_a_strategy") as caught:
+    with pytest.raises(UsageError, match="09_choosing_a_strategy") as caught:
         TrainConfig(strategy="ps", **{option: value}).validate()
     assert "\n" not in str(caught.value) and caught.value.argument == option
     # The other strategies have it (fine-tuning needs a pretrained base).
@@ -104,7 +104,7 @@ def test_ps_and_worker_tasks_grow_gpu_memory_before_their_server_starts(monkeypa
     "args, line",
     [
         (["--deterministic"], "--deterministic True: parameter-server training's asynchronous "
-         "updates cannot be reproduced (see notebooks/07_choosing_a_strategy.ipynb)"),
+         "updates cannot be reproduced (see notebooks/09_choosing_a_strategy.ipynb)"),
         (["--log-every", "0"], "--log-every 0: must be at least 1"),
     ],
 )  # fmt: skip
@@ -160,7 +160,7 @@ from mdtrain.loop import ExactTrainer
 from mdtrain.launcher import free_ports
 from mdtrain.ps import coordinator_fit, server_config
 
-# The in-process cluster of TensorFlow's parameter-server tutorial (and notebook 07).
+# The in-process cluster of TensorFlow's parameter-server tutorial (and notebook 09).
 ports = iter(free_ports(3))
 spec = tf.train.ClusterSpec({"worker": [f"127.0.0.1:{next(ports)}" for _ in range(2)],
                              "ps": [f"127.0.0.1:{next(ports)}"]})

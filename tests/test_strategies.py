@@ -1,6 +1,6 @@
-"""The strategies `mdtrain train` does not offer are refused in one line that points to notebook 07.
+"""The strategies `mdtrain train` does not offer are refused in one line that points to notebook 09.
 
-Notebook 07 probes them with plain Keras (`CentralStorageStrategy` stops in
+Notebook 09 probes them with plain Keras (`CentralStorageStrategy` stops in
 Keras' own `BatchNormalization`, `fit` cannot run under parameter servers).
 """
 

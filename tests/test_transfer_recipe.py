@@ -1,4 +1,4 @@
-"""Notebook 04's transfer-learning recipe in plain Keras against mdtrain's, weight for weight.
+"""Notebook 06's transfer-learning recipe in plain Keras against mdtrain's, weight for weight.
 
 The notebook trains both on its data and compares what they learned. Here the
 plain code of its sections 5 and 7 (the head, the freeze, the unfreeze) and
@@ -25,7 +25,7 @@ SIZE, CLASSES, BATCH, LEARNING_RATE = 32, 5, 8, 2e-3
 
 
 def plain_model(base: keras.Model) -> keras.Model:
-    """Notebook 04, section 5, without the augmentation layers (they draw at random)."""
+    """Notebook 06, section 5, without the augmentation layers (they draw at random)."""
     inputs = keras.Input((SIZE, SIZE, 3), dtype="uint8")
     x = keras.ops.cast(inputs, "float32")
     x = base(x, training=False)
@@ -36,7 +36,7 @@ def plain_model(base: keras.Model) -> keras.Model:
 
 
 def plain_unfreeze(base: keras.Model) -> None:
-    """Notebook 04, section 7: the top 20 % of the base, BatchNormalization kept frozen."""
+    """Notebook 06, section 7: the top 20 % of the base, BatchNormalization kept frozen."""
     base.trainable = True
     for layer in base.layers[: int(len(base.layers) * 0.8)]:
         layer.trainable = False
@@ -66,7 +66,7 @@ def largest_difference(a: keras.Model, b: keras.Model) -> float:
 def test_plain_recipe_and_mdtrain_build_and_train_the_same_model():
     net = build_model("efficientnet-lite0", CLASSES, SIZE, weights="imagenet")  # frozen base
     base = lite0.imagenet_classifier(SIZE).get_layer("base")
-    base.trainable = False  # notebook 04, section 4 (Lite0 has no stochastic depth)
+    base.trainable = False  # notebook 06, section 4 (Lite0 has no stochastic depth)
     plain = plain_model(base)
     plain.set_weights(net.get_weights())  # the same start, weight for weight
     assert split(plain) == split(net), "the frozen base and the head's weights differ"
@@ -100,7 +100,7 @@ def test_plain_recipe_and_mdtrain_build_and_train_the_same_model():
 
 def test_under_mixed_precision_both_heads_compute_in_bfloat16_and_the_softmax_in_float32():
     previous = keras.mixed_precision.dtype_policy()
-    keras.mixed_precision.set_global_policy("mixed_bfloat16")  # notebook 04, section 1
+    keras.mixed_precision.set_global_policy("mixed_bfloat16")  # notebook 06, section 1
     try:
         net = build_model("efficientnet-lite0", CLASSES, SIZE, weights="imagenet")
         plain = plain_model(lite0.imagenet_classifier(SIZE).get_layer("base"))

@@ -134,9 +134,16 @@ def run_workers(
         raise UsageError("empty worker command; pass the program to run, e.g. ['python', 'x.py']")
     if restarts < 0:
         raise UsageError(f"--restarts {restarts}: pass 0 or more restarts")
-    job = Job(num_workers, f"{num_workers} workers", host=host, log_dir=log_dir, env=env,
-              hang_timeout_s=hang_timeout_s, stream=stream,
-              gpus_per_worker=gpus_per_worker)  # fmt: skip
+    job = Job(
+        num_workers,
+        f"{num_workers} workers",
+        host=host,
+        log_dir=log_dir,
+        env=env,
+        hang_timeout_s=hang_timeout_s,
+        stream=stream,
+        gpus_per_worker=gpus_per_worker,
+    )
     if job.gpus is not None:
         shares = (f"worker {i}: {g or '(none)'}" for i, g in enumerate(job.gpus))
         job.say("CUDA_VISIBLE_DEVICES " + "; ".join(shares))
@@ -315,26 +322,41 @@ def launch(
 
 
 def _run_ps_cluster(
-    chief_command: list[str], server_command: list[str], num_workers: int, num_ps: int,
-    *, host: str = "127.0.0.1", **options,
-) -> int:  # fmt: skip
+    chief_command: list[str],
+    server_command: list[str],
+    num_workers: int,
+    num_ps: int,
+    *,
+    host: str = "127.0.0.1",
+    **options,
+) -> int:
     """Runs `num_ps` servers, `num_workers` workers and a chief; the job ends with the chief."""
     if num_workers < 1 or num_ps < 1:
         raise UsageError(f"--workers {num_workers} --ps {num_ps}: pass at least 1 of each")
     # The chief counts a worker's GPUs as replicas, and each would take a whole batch.
     if (options.get("gpus_per_worker") or 0) > 1:
-        raise UsageError(f"--gpus-per-worker {options['gpus_per_worker']} with --ps: a "
-                         "parameter-server worker computes on one GPU; pass 1 or 0")  # fmt: skip
+        raise UsageError(
+            f"--gpus-per-worker {options['gpus_per_worker']} with --ps: a "
+            "parameter-server worker computes on one GPU; pass 1 or 0"
+        )
     chief, *rest = free_addresses(1 + num_workers + num_ps, host)  # a bad host fails first
-    job = Job(num_workers, f"{num_ps} ps, {num_workers} workers and a chief", host=host,
-              most_gpus_per_worker=1, **options)  # fmt: skip
+    job = Job(
+        num_workers,
+        f"{num_ps} ps, {num_workers} workers and a chief",
+        host=host,
+        most_gpus_per_worker=1,
+        **options,
+    )
     cluster = {"chief": [chief], "worker": rest[:num_workers], "ps": rest[num_workers:]}
 
     def start_and_watch() -> int:
         roles = [("ps", i) for i in range(num_ps)] + [("worker", i) for i in range(num_workers)]
         for role, index in [*roles, ("chief", 0)]:  # last: the watcher finds the chief at -1
-            env = dict(job.env, MDTRAIN_ROLE=role, TF_CONFIG=json.dumps(
-                {"cluster": cluster, "task": {"type": role, "index": index}}))  # fmt: skip
+            env = dict(
+                job.env,
+                MDTRAIN_ROLE=role,
+                TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": role, "index": index}}),
+            )
             if role == "worker":
                 env["MDTRAIN_WORKER_INDEX"] = str(index)  # what kill_worker_when looks for
             if job.gpus is not None:  # workers compute; the ps and the chief hold and schedule
@@ -370,8 +392,10 @@ def _watch_ps(job: Job, num_ps: int) -> int:
                 return exit_status(code) or 1
             say(f"{labels[i]} exited with code {code}; the chief reruns its steps on the others")
         if hang_timeout_s is not None and time.monotonic() - job.last_output > hang_timeout_s:
-            say(f"no output for {hang_timeout_s:.0f}s: stuck; stopping all; exit code "
-                f"{HANG_EXIT_CODE}")  # fmt: skip
+            say(
+                f"no output for {hang_timeout_s:.0f}s: stuck; stopping all; exit code "
+                f"{HANG_EXIT_CODE}"
+            )
             job.stop()
             return HANG_EXIT_CODE
         time.sleep(POLL_S)

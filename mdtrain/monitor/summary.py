@@ -307,8 +307,12 @@ class Chart:
                 if name not in self.util_lines:
                     (self.util_lines[name],) = self.util_ax.plot([], [], label=short_name(name))
                     self.util_ax.legend(fontsize=7, loc="lower right")
-                series = [(s.time - t0, d.utilization) for s in samples for d in s.devices
-                          if d.name == name and d.utilization is not None]  # fmt: skip
+                series = [
+                    (s.time - t0, d.utilization)
+                    for s in samples
+                    for d in s.devices
+                    if d.name == name and d.utilization is not None
+                ]
                 self.util_lines[name].set_data([t for t, _ in series], [u for _, u in series])
             end = max([1.0, *(t for t, _ in rated[-1:]), *(s.time - t0 for s in samples[-1:])])
             for ax in (self.rate_ax, self.util_ax):

@@ -223,7 +223,7 @@ def replica_class_counts_plot(
 
     Args:
         counts: array `(steps, replicas, classes)`: examples of each class
-            on each replica at each step (notebook 06 reads them back with
+            on each replica at each step (notebook 08 reads them back with
             `strategy.experimental_local_results`).
         class_names: name of each class index.
         title: figure title. Defaults to None.
@@ -239,8 +239,14 @@ def replica_class_counts_plot(
     for r, ax in enumerate(axes):
         bottom = np.zeros(steps)
         for c in range(k):
-            ax.bar(np.arange(1, steps + 1), counts[:, r, c], bottom=bottom, width=0.85,
-                   color=colors[c], label=class_names[c])  # fmt: skip
+            ax.bar(
+                np.arange(1, steps + 1),
+                counts[:, r, c],
+                bottom=bottom,
+                width=0.85,
+                color=colors[c],
+                label=class_names[c],
+            )
             bottom += counts[:, r, c]
         ax.set_title(f"replica {r}", fontsize=10)
         ax.set_xlabel("step")
@@ -284,8 +290,9 @@ def recall_bars(
     ax.set_ylim(0, 1.15)
     ax.set_ylabel("recall")
     ax.set_title(title, fontsize=11)
-    ax.legend(fontsize=8, ncol=len(means), loc="upper center", bbox_to_anchor=(0.5, -0.12),
-              frameon=False)  # fmt: skip
+    ax.legend(
+        fontsize=8, ncol=len(means), loc="upper center", bbox_to_anchor=(0.5, -0.12), frameon=False
+    )
     ax.spines[["top", "right"]].set_visible(False)
     fig.tight_layout()
     return fig
@@ -445,8 +452,14 @@ def step_curves(
         ax.plot(x, values, color=color, label=label, linewidth=3.0 / (i + 1))
     for step, label in (marks or {}).items():
         ax.axvline(step, color="gray", linestyle=":", linewidth=1.2)
-        ax.annotate(label, (step, 1.0), xycoords=("data", "axes fraction"), fontsize=8,
-                    xytext=(3, -10), textcoords="offset points")  # fmt: skip
+        ax.annotate(
+            label,
+            (step, 1.0),
+            xycoords=("data", "axes fraction"),
+            fontsize=8,
+            xytext=(3, -10),
+            textcoords="offset points",
+        )
     return _finish_lines(fig, ax, title)
 
 
@@ -482,8 +495,13 @@ def throughput_bars(timings: Mapping[str, Mapping[str, float]], title: str | Non
     median, low, high = ([t[k] for t in timings.values()] for k in ("median", "min", "max"))
     fig = new_figure((7.0, 0.3 * len(timings) + 1.2), title)
     ax = fig.subplots()
-    bars = ax.barh(list(timings), median, xerr=np.abs(np.subtract([low, high], median)),
-                   color=tab10_colors(1)[0], error_kw=dict(elinewidth=0.8, capsize=2))  # fmt: skip
+    bars = ax.barh(
+        list(timings),
+        median,
+        xerr=np.abs(np.subtract([low, high], median)),
+        color=tab10_colors(1)[0],
+        error_kw=dict(elinewidth=0.8, capsize=2),
+    )
     ax.bar_label(bars, [f"{m:,.0f}" for m in median], fontsize=8, padding=6)
     ax.set_xscale("log")
     ax.set_xlim(right=max(median) * 6)  # room for the labels
@@ -509,8 +527,12 @@ def overlap_timeline(runs: Mapping[str, Sequence[Mapping]], title: str | None = 
     for ax, (name, batches) in zip(axes, runs.items(), strict=True):
         for (k, batch), (lane, key) in product(enumerate(batches), enumerate(("step", "input"))):
             start, end = (1000 * t for t in batch[key])
-            ax.broken_barh([(start, end - start)], (lane - 0.35, 0.7), alpha=1 - 0.45 * (k % 2),
-                           color=tab10_colors(2)[lane])  # fmt: skip
+            ax.broken_barh(
+                [(start, end - start)],
+                (lane - 0.35, 0.7),
+                alpha=1 - 0.45 * (k % 2),
+                color=tab10_colors(2)[lane],
+            )
         end = 1000 * max(batch["step"][1] for batch in batches)
         ax.set_yticks([0, 1], ["step", "input"])
         ax.set_title(f"{name}: {len(batches)} batches in {end:.0f} ms", fontsize=10, loc="left")

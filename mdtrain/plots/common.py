@@ -78,6 +78,13 @@ def grouped_bars(ax, groups, fmt: str = "%g", fontsize: float = 8, errors=None) 
     for i, (label, heights) in enumerate(groups.items()):
         x = np.arange(len(heights)) + (i - (len(groups) - 1) / 2) * width
         whiskers = (errors or {}).get(label)
-        bars = ax.bar(x, heights, width, label=label or None, color=colors[i], yerr=whiskers,
-                      error_kw=dict(elinewidth=0.8, capsize=2))  # fmt: skip
+        bars = ax.bar(
+            x,
+            heights,
+            width,
+            label=label or None,
+            color=colors[i],
+            yerr=whiskers,
+            error_kw=dict(elinewidth=0.8, capsize=2),
+        )
         ax.bar_label(bars, fmt=fmt, fontsize=fontsize, padding=1)

@@ -76,8 +76,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
         if argv != ["serve"]:
-            raise UsageError("usage: python -m mdtrain.ps serve (the chief: mdtrain train "
-                             "--strategy ps)")  # fmt: skip
+            raise UsageError(
+                "usage: python -m mdtrain.ps serve (the chief: mdtrain train --strategy ps)"
+            )
         serve()
         return 0
     except UsageError as error:

@@ -42,9 +42,14 @@ def coordinator_fit(
         raise ValueError(f"log_every must be at least 1, not {log_every}")
     blocks = _Blocks(trainer, strategy, dataset_fn, learning_rate)
     history = keras.callbacks.History()
-    cbs = keras.callbacks.CallbackList([*(callbacks or []), history], add_progbar=verbose > 0,
-                                       model=trainer, verbose=verbose, epochs=epochs,
-                                       steps=steps_per_epoch)  # fmt: skip
+    cbs = keras.callbacks.CallbackList(
+        [*(callbacks or []), history],
+        add_progbar=verbose > 0,
+        model=trainer,
+        verbose=verbose,
+        epochs=epochs,
+        steps=steps_per_epoch,
+    )
     trainer.stop_training = False
     cbs.on_train_begin()
     logs: dict[str, float] = {}
