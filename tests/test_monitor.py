@@ -91,6 +91,9 @@ class FakeSampler:
     def latest(self):
         return self.sample
 
+    def sample_now(self):
+        return self.sample
+
     def history(self, since=None):
         return [self.sample]
 
@@ -353,6 +356,75 @@ def _nvml_error() -> str | None:
         return reader.error
     finally:
         reader.close()
+
+
+class FakeNvml(types.SimpleNamespace):
+    """pynvml on one GPU whose driver sampled 90% busy, though its last period read 0%."""
+
+    NVML_GPU_UTILIZATION_SAMPLES = 1
+    NVML_TEMPERATURE_GPU = 0
+
+    def __init__(self, sample_times_us):
+        super().__init__(samples=[(t, 90) for t in sample_times_us], asked_since=[])
+
+    def nvmlInit(self):
+        pass
+
+    def nvmlShutdown(self):
+        pass
+
+    def nvmlDeviceGetCount(self):
+        return 1
+
+    def nvmlDeviceGetHandleByIndex(self, index):
+        return "handle"
+
+    def nvmlDeviceGetUUID(self, handle):
+        return "GPU-1"
+
+    def nvmlDeviceGetName(self, handle):
+        return "NVIDIA H200"
+
+    def nvmlDeviceGetUtilizationRates(self, handle):
+        return types.SimpleNamespace(gpu=0)  # a 0.3 s epoch between two driver periods
+
+    def nvmlDeviceGetSamples(self, handle, kind, since_us):
+        self.asked_since.append(since_us)
+        fresh = [
+            types.SimpleNamespace(timeStamp=t, sampleValue=types.SimpleNamespace(uiVal=value))
+            for t, value in self.samples
+            if t > since_us
+        ]
+        if not fresh:
+            raise RuntimeError("NVML_ERROR_NOT_FOUND")
+        return 1, fresh
+
+    def nvmlDeviceGetMemoryInfo(self, handle, version=None):
+        return types.SimpleNamespace(used=2**30, total=2**34)
+
+    def nvmlDeviceGetPowerUsage(self, handle):
+        return 300_000
+
+    def nvmlDeviceGetTemperature(self, handle, sensor):
+        return 60
+
+
+def test_a_short_epoch_gets_the_drivers_own_utilisation_samples(monkeypatch):
+    """NVML keeps samples every 1/6 s: an epoch of 0.3 s reads 90%, not its last period's 0%."""
+    now_us = int(time.time() * 1e6)
+    nvml = FakeNvml([now_us - 300_000, now_us - 130_000])  # during the epoch
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    epoch_start = time.monotonic() - 0.35
+    sampler = Sampler(0.5, gpu_reader=NvmlReader(), cpu_reader=FakeCpuReader())
+    first = sampler.sample_now()
+    (gpu,) = first.gpus
+    assert gpu.utilization == 90.0 and len(gpu.busy) == 2
+    assert all(epoch_start < when <= time.monotonic() for when, _ in gpu.busy)
+    (again,) = sampler.sample_now().gpus  # nothing new: the rate NVML reports now, counted once
+    assert again.busy == () and nvml.asked_since[-1] == now_us - 130_000
+    summary = summarize(Rates(1, 8, 0.3, 26.7, 0.3, None), sampler.history(), since=epoch_start)
+    assert summary.devices[0].mean_utilization == 90.0  # the driver's samples, not the 0%
 
 
 @pytest.mark.gpu
@@ -631,6 +703,35 @@ def test_callback_under_fit_and_display_none(keras, capsys):
     assert "verdict:" in out
 
 
+def test_a_mixed_precision_run_is_not_told_to_use_mixed_precision(keras):
+    monitor = MonitorCallbackWith(FakeSampler(gpu_util=55.0))
+    before = keras.config.dtype_policy()
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    try:
+        _fit_tiny(keras, monitor, epochs=1)
+    finally:
+        keras.config.set_dtype_policy(before)
+    text = monitor.summary().verdict
+    assert text.startswith("under-used") and "mixed precision" not in text
+    plain = MonitorCallbackWith(FakeSampler(gpu_util=55.0))
+    _fit_tiny(keras, plain, epochs=1)
+    assert "use mixed precision" in plain.summary().verdict
+
+
+def test_the_summary_shows_tensorflows_peak_memory_beside_nvmls():
+    gpu = DeviceSample("GPU 0 (NVIDIA H200)", "gpu", 80.0, 118 * 2**30, 140 * 2**30)
+    summary = summarize(
+        Rates(10, 640, 1.0, 640.0, 0.1, None),
+        [Sample(0.0, (gpu,))],
+        allocator_peaks=(("GPU:0", 3 * 2**30), ("GPU:1", 2**31)),
+    )
+    assert "GPU 0 (NVIDIA H200): mean 80%, peak 80%, peak memory 118.0/140.0 GiB" in str(summary)
+    assert (
+        "  TensorFlow's peak memory: GPU:0 3.0 GiB, GPU:1 2.0 GiB (NVML's figure is what its "
+        "allocator reserved)"
+    ) in str(summary)
+
+
 def test_one_run_across_several_fit_calls(keras):
     """Phases and resume segments call fit several times: `run()` keeps one set of figures."""
     import numpy as np
@@ -649,6 +750,14 @@ def test_one_run_across_several_fit_calls(keras):
     summary = monitor.summary()
     assert summary.steps == 15 and summary.images == 15 * 8 and summary.left_out_steps == 1
     assert sampler.started == 1 and sampler.stopped == 1
+
+
+def MonitorCallbackWith(sampler):  # noqa: N802 - reads as the class it makes
+    from mdtrain.monitor import MonitorCallback
+
+    monitor = MonitorCallback(8, display="none")
+    monitor.sampler = sampler
+    return monitor
 
 
 def _fit_tiny(keras, monitor, epochs=2):

@@ -117,6 +117,7 @@ class MonitorCallback(keras.callbacks.Callback):
         self._matcher: StampMatcher | None = None
         self._host_wait = None  # what a watched distributed dataset's next() blocked for
         self._last_wall = time.time()  # wall clock of the last call's end, for the stamps
+        self._allocator_peaks: tuple[tuple[str, int], ...] = ()  # the run's, once it ended
 
     def watch(self, dataset):
         """The dataset to train on in its place, so that the monitor measures the input wait.
@@ -197,6 +198,8 @@ class MonitorCallback(keras.callbacks.Callback):
         self.dashboard = None
         self._rates.clear()
         self.sampler.start()
+        reset_allocator_peaks()
+        self._allocator_peaks = ()
         self._train_t0 = self._epoch_t0 = time.monotonic()
         self._training = True
         # Keras skips on_train_end when training raises (or is interrupted), which
@@ -260,8 +263,10 @@ class MonitorCallback(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         self.meter.epoch_end()
         if self.display == "text":
+            self.sampler.sample_now()  # the driver's samples up to now: a short epoch has some
             rates, samples = self.meter.epoch_rates(), self.sampler.history(since=self._epoch_t0)
-            print(epoch_line(epoch, self.epochs, summarize(rates, samples)), flush=True)
+            summary = summarize(rates, samples, since=self._epoch_t0)
+            print(epoch_line(epoch, self.epochs, summary), flush=True)
 
     def on_train_end(self, logs=None):
         if self._in_run:
@@ -284,8 +289,18 @@ class MonitorCallback(keras.callbacks.Callback):
         """
         samples = self.sampler.history(since=self._train_t0)
         return summarize(
-            self.meter.train_rates(), samples, augments_on_device=self.augments_on_device
+            self.meter.train_rates(),
+            samples,
+            augments_on_device=self.augments_on_device,
+            mixed_precision=self._mixed_precision(),
+            since=self._train_t0,
+            allocator_peaks=self._allocator_peaks or allocator_peaks(),
         )
+
+    def _mixed_precision(self) -> bool:
+        """Whether the run computes in mixed precision: the model's policy, or the global one."""
+        policies = (getattr(self.model, "dtype_policy", None), keras.config.dtype_policy())
+        return any(policy is not None and policy.name.startswith("mixed") for policy in policies)
 
     def chart_png(self, dpi: int = 72) -> bytes:
         """The run's chart as PNG bytes: images/sec and each device's utilisation over time.
@@ -312,8 +327,39 @@ class MonitorCallback(keras.callbacks.Callback):
             with contextlib.suppress(ValueError):
                 shell.events.unregister("post_run_cell", self._finish)
         self.sampler.stop()  # takes a last sample: the figures are final from here
+        self._allocator_peaks = allocator_peaks()
         if self.dashboard is not None:
             self.dashboard.stop()
+
+
+def _tensorflow_gpus() -> list[str]:
+    """``"GPU:0"``, ... : TensorFlow's GPUs, logical ones included; none before it starts."""
+    if "tensorflow" not in sys.modules:
+        return []
+    import tensorflow as tf
+
+    return [device.name.split("device:")[-1] for device in tf.config.list_logical_devices("GPU")]
+
+
+def reset_allocator_peaks() -> None:
+    """Starts each GPU's peak-memory figure afresh, for a run of its own."""
+    import tensorflow as tf
+
+    for device in _tensorflow_gpus():
+        # A device whose allocator keeps no statistics: no figure, never an error.
+        with contextlib.suppress(ValueError, RuntimeError):
+            tf.config.experimental.reset_memory_stats(device)
+
+
+def allocator_peaks() -> tuple[tuple[str, int], ...]:
+    """``(device, bytes)``: the most TensorFlow's allocator held on each GPU since the reset."""
+    import tensorflow as tf
+
+    peaks = []
+    for device in _tensorflow_gpus():
+        with contextlib.suppress(ValueError, RuntimeError):
+            peaks.append((device, int(tf.config.experimental.get_memory_info(device)["peak"])))
+    return tuple(peaks)
 
 
 # The front door's name (`mdtrain.make_monitor`): the monitor is built by calling its class.

@@ -128,7 +128,8 @@ class DeviceSummary:
         kind: ``"gpu"`` or ``"cpu"``.
         mean_utilization: Mean utilisation in percent, or ``None``.
         peak_utilization: Highest utilisation in percent, or ``None``.
-        peak_memory_used: Highest bytes in use, or ``None``.
+        peak_memory_used: Highest bytes in use as the driver sees them (for a
+            GPU: what TensorFlow's allocator reserved), or ``None``.
         memory_total: Bytes available, or ``None``.
     """
 
@@ -150,10 +151,15 @@ class Summary(Rates):
             `Rates` says: every step and image counted, the rates over the
             epochs' wall time less validation and compiling.
         devices: One `DeviceSummary` per GPU, then the CPU. Defaults to ``()``.
+        allocator_peaks: ``(device, bytes)`` per TensorFlow GPU: the most its
+            allocator held for tensors during the run
+            (``tf.config.experimental.get_memory_info``), what the model
+            really used. Defaults to ``()``.
         verdict: One sentence from `verdict`. Defaults to ``""``.
     """
 
     devices: tuple[DeviceSummary, ...] = ()
+    allocator_peaks: tuple[tuple[str, int], ...] = ()
     verdict: str = ""
 
     @property
@@ -178,6 +184,10 @@ class Summary(Rates):
             memory = memory_text(d.peak_memory_used, d.memory_total)
             util = f"mean {percent(d.mean_utilization)}, peak {percent(d.peak_utilization)}"
             lines.append(f"  {d.name}: {util}" + (f", peak memory {memory}" if memory else ""))
+        if self.allocator_peaks:
+            peaks = ", ".join(f"{gpu} {used / 2**30:.1f} GiB" for gpu, used in self.allocator_peaks)
+            reserved = "NVML's figure is what its allocator reserved"
+            lines.append(f"  TensorFlow's peak memory: {peaks} ({reserved})")
         lines.append(f"  verdict: {self.verdict}")
         return "\n".join(lines)
 
@@ -188,11 +198,17 @@ def summarize(
     *,
     augments_on_device: bool = False,
     mixed_precision: bool = False,
+    since: float | None = None,
+    allocator_peaks: tuple[tuple[str, int], ...] = (),
 ) -> Summary:
-    """The run's `Summary` from its rates and device samples, verdict included."""
+    """The run's `Summary` from its rates and device samples, verdict included.
+
+    ``since`` (``Sample.time``'s clock) keeps only the driver's own samples
+    taken from then on; ``allocator_peaks`` goes into the summary as it is.
+    """
     names = dict.fromkeys(d.name for s in samples for d in s.devices)
-    devices = tuple(_device_summary(name, samples) for name in names)
-    run = Summary(**asdict(rates), devices=devices)
+    devices = tuple(_device_summary(name, samples, since) for name in names)
+    run = Summary(**asdict(rates), devices=devices, allocator_peaks=tuple(allocator_peaks))
     said = verdict(
         run.input_wait_share,
         run.gpu_utilization,
@@ -202,9 +218,11 @@ def summarize(
     return replace(run, verdict=said)
 
 
-def _device_summary(name: str, samples: Sequence[Sample]) -> DeviceSummary:
+def _device_summary(name: str, samples: Sequence[Sample], since: float | None) -> DeviceSummary:
     readings = [d for s in samples for d in s.devices if d.name == name]
-    utils = [d.utilization for d in readings if d.utilization is not None]
+    # The driver's own samples where it keeps them (NVML: every 1/6 s or so), else our readings.
+    busy = [value for d in readings for when, value in d.busy if since is None or when >= since]
+    utils = busy or [d.utilization for d in readings if d.utilization is not None]
     mems = [d.memory_used for d in readings if d.memory_used is not None]
     totals = [d.memory_total for d in readings if d.memory_total is not None]
     return DeviceSummary(
