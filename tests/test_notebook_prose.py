@@ -14,9 +14,10 @@ them: a figure printed twice (a table and a verdict) must agree with both.
 `[02#c13]` names a cell of another notebook (notebooks/02_*.ipynb).
 
 A number in prose with a decimal point, an exponent, `%`, `×`, or a rate's
-or a step's unit (images/s, steps/s, ms) and no reference fails, unless it is a constant: a literal of the notebook's own
-code cells, or one of the short list below (versions, definitions). Inline
-code, fenced code and link targets are not prose. docs/development.md,
+or a step's unit (images/s, steps/s, ms) and no reference fails, unless it
+is a constant: a literal of the notebook's own code cells, or in the short
+lists below (versions, definitions). Inline code, fenced code and link
+targets are not prose. docs/development.md,
 "Quoting figures in notebook prose", says how to write references.
 
 Files only, no kernel: the outputs are the committed ones.
