@@ -35,7 +35,7 @@ import pytest
 
 NOTEBOOKS_DIR = Path(__file__).resolve().parents[1] / "notebooks"
 NOTEBOOKS = sorted(NOTEBOOKS_DIR.glob("[0-9][0-9]_*.ipynb"))
-FIXTURE = Path(__file__).resolve().parent / "fixtures" / "old_03_contradictions.ipynb"
+FIXTURE = Path(__file__).resolve().parent / "fixtures" / "old_03_contradictions.ipynb.json"
 
 #: Figures that are not measurements, in any notebook: versions of the stack
 #: and facts of definition. Keep it short; a measurement belongs in a reference.
