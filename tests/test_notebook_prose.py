@@ -168,6 +168,16 @@ def _constants(nb, name: str) -> set[str]:
     return CONSTANTS | NOTEBOOK_CONSTANTS.get(name[:2], set()) | set(literals)
 
 
+def _is_constant(figure: re.Match, constants: set[str]) -> bool:
+    """A listed figure, a code literal in any unit, or a literal as a percentage (0.15: 15%)."""
+    if figure.group(0) in constants or figure["number"] in constants:
+        return True
+    if "%" not in (figure["unit"] or ""):
+        return False
+    fraction = _decimal(figure["number"]) / 100
+    return any(_decimal(literal) == fraction for literal in constants if _decimal(literal))
+
+
 def figure_problems(nb, name: str = "", notebooks_dir: Path = NOTEBOOKS_DIR) -> list[Problem]:
     """Every figure of `nb`'s prose that misquotes its output or has no reference.
 
@@ -195,7 +205,7 @@ def figure_problems(nb, name: str = "", notebooks_dir: Path = NOTEBOOKS_DIR) -> 
                 )
                 if wrong:
                     problems.append(Problem(index, wrong))
-            if not references and needs_reference(figure) and quoted not in constants:
+            if not references and needs_reference(figure) and not _is_constant(figure, constants):
                 context = " ".join(prose[max(0, figure.start() - 40) : figure.end() + 20].split())
                 problems.append(Problem(index, f"{quoted!r} has no reference: …{context}…"))
     return problems
@@ -268,3 +278,13 @@ def test_what_needs_a_reference():
     )
     figures = [m.group(0) for m in FIGURE.finditer(prose) if needs_reference(m)]
     assert figures == ["4.5%", "2.5×", "1,043 images/s", "31 ms", "2.0e-14", "0.983"]
+
+
+def test_settings_the_code_makes_are_constants():
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [
+        nbformat.v4.new_code_cell("zoom = 0.15"),
+        nbformat.v4.new_markdown_cell("zoom 0.15, up to ±15%, up to 16%; 2.21; 0.9867"),
+    ]
+    unreferenced = [p.text.split()[0] for p in figure_problems(nb, "99_x.ipynb")]
+    assert unreferenced == ["'16%'", "'0.9867'"]
