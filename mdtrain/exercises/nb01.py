@@ -102,9 +102,9 @@ def check_augmentation_model(model, *, image_size: int = 64, strict: bool = Fals
     ```
     """
     title = "Exercise 1, the Keras augmentation model"
-    problems = not_written(model, "`augmentation`")
+    problems = not_written(model, "the model")
     if not problems and not callable(model):
-        problems = [f"`augmentation` is a {type(model).__name__}, not a Keras model."]
+        problems = [f"the model is a {type(model).__name__}, not a Keras model."]
     if not problems:
         problems = _layer_problems(model) + _behaviour_problems(model, image_size)
     return verdict(title, problems, strict=strict)
@@ -135,7 +135,7 @@ def check_augmented_dataset(ds, source, *, strict: bool = False) -> bool:
     ```
     """
     title = "Exercise 2, augmentation in the tf.data pipeline"
-    problems = not_written(ds, "`augmented_ds`")
+    problems = not_written(ds, "the dataset")
     if not problems:
         problems = _dataset_problems(ds, source)
     return verdict(title, problems, strict=strict)

@@ -91,9 +91,9 @@ def check_input_pipeline(
     ```
     """
     title = "Exercise 1, a pipeline that beats ImageDataGenerator"
-    problems = not_written(ds, "`fast_ds`")
+    problems = not_written(ds, "the pipeline")
     if not problems and not hasattr(ds, "element_spec"):
-        problems = [f"`fast_ds` is a {type(ds).__name__}, not a tf.data.Dataset."]
+        problems = [f"the pipeline is a {type(ds).__name__}, not a tf.data.Dataset."]
     if not problems:
         problems = _stage_problems(_stages(ds)) + _batch_problems(ds, global_batch_size, image_size)
     return verdict(title, problems, strict=strict)
