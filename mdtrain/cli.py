@@ -15,6 +15,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+from mdtrain.config import TrainConfig
 from mdtrain.errors import USAGE_EXIT_CODE, UsageError
 from mdtrain.tf_import import import_tensorflow
 
@@ -72,7 +73,6 @@ def _add_data(sub) -> None:
 def _add_train(sub) -> None:
     from mdtrain import choices
     from mdtrain.choices import AUGMENT_IN, CLASS_WEIGHTS, LITE0, LOOPS, MODELS, STRATEGIES
-    from mdtrain.training import TrainConfig  # no TensorFlow at import
 
     t = sub.add_parser("train", help="train an image classifier under a distribution strategy")
     t.add_argument(
@@ -217,13 +217,6 @@ def _add_train_keeping(t) -> None:
     )
     t.add_argument("--json", action="store_true", help="end with one JSON summary line")
     t.add_argument("--log-every", type=int, help="--strategy ps: steps per point of the loss curve")
-    t.add_argument(
-        "--mark-after",
-        type=int,
-        help="fault drill: create --mark-file after this "
-        "many steps, for kill_worker_when (default: none)",
-    )
-    t.add_argument("--mark-file", help="fault drill: the file --mark-after creates (default: none)")
 
 
 def _add_launch(sub) -> None:
@@ -341,21 +334,50 @@ def _run_data(args) -> int:
     return 0
 
 
+#: The options of `mdtrain train` that are not `TrainConfig` fields: they say what to print.
+_DISPLAY_OPTIONS = ("command", "json")
+
+
+def config_from_args(argv: Sequence[str]) -> TrainConfig:
+    """The checked `TrainConfig` of `mdtrain train ARGV`, as the command builds it.
+
+    The one conversion from the command line to a run's configuration: the
+    command, the benchmarks and the fault drill's chief scripts all use it, so
+    an option means the same wherever it is given. Display options (`--json`)
+    are the command's own and are left out.
+
+    Args:
+        argv: the arguments after `mdtrain train`, e.g. `["--epochs", "2"]`.
+
+    Returns:
+        A validated `TrainConfig`; unset options keep `TrainConfig`'s defaults.
+
+    Raises:
+        UsageError: for an unknown option or a bad value, in one line.
+
+    Example:
+
+    >>> config_from_args(["--epochs", "2", "--strategy", "cpu:2"]).epochs
+    2
+    """
+    return _config_of(build_parser().parse_args(["train", *argv]))
+
+
+def _config_of(args: argparse.Namespace) -> TrainConfig:
+    options = vars(args)
+    config_options = {name: options[name] for name in options if name not in _DISPLAY_OPTIONS}
+    config = TrainConfig(**config_options)
+    config.validate()  # bad input in one line, before TensorFlow starts
+    return config
+
+
 def run_train(args: argparse.Namespace) -> int:
     """`mdtrain train`: one `train(config)` of the parsed options; also a ps chief's run."""
-    from mdtrain.training import TrainConfig, train
-
-    drill = ("mark_after", "mark_file")
-    options = {k: v for k, v in vars(args).items() if k not in ("command", "json", *drill)}
-    config = TrainConfig(**options)
-    config.validate()
+    config = _config_of(args)
     import_tensorflow()
-    callbacks = []
-    if args.mark_after is not None and args.mark_file:
-        from mdtrain.ps import MarkAfter  # TensorFlow: the drill only
+    from mdtrain.training import train
 
-        callbacks.append(MarkAfter(args.mark_after, args.mark_file))
-    result = train(config, callbacks)
+    result = train(config)
     if args.json and result.is_chief:  # one summary per job, not one per worker
         print(json.dumps(result.summary()), flush=True)
     return 0

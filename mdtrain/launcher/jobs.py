@@ -272,8 +272,18 @@ def _without_strategy(train_args: list[str], wanted: str, why: str) -> list[str]
     return rest
 
 
+#: What every training process of a `launch` job runs, unless told otherwise.
+MDTRAIN_TRAIN = (sys.executable, "-m", "mdtrain", "train")
+
+
 def launch(
-    num_workers: int, train_args: list[str], *, restarts: int = 0, num_ps: int = 0, **kwargs
+    num_workers: int,
+    train_args: list[str],
+    *,
+    restarts: int = 0,
+    num_ps: int = 0,
+    train_command: list[str] | None = None,
+    **kwargs,
 ) -> int:
     """Runs `mdtrain train` as a local job of `num_workers` workers.
 
@@ -292,6 +302,12 @@ def launch(
             not with `num_ps`. Defaults to `0`.
         num_ps: Parameter servers; more than 0 runs parameter-server training.
             Defaults to `0`.
+        train_command: The program that trains, in place of `mdtrain train`:
+            every worker's, or with `num_ps` the chief's. It is given
+            `train_args` and the `--strategy` option, and typically calls
+            `mdtrain.train(mdtrain.cli.config_from_args(args), callbacks=[...])`
+            to add callbacks, such as a fault drill's `mdtrain.ps.MarkAfter`.
+            Defaults to `None`: `python -m mdtrain train`.
         **kwargs: `run_workers`' options, with `num_ps` too (`host`,
             `log_dir`, `hang_timeout_s`, `env`, `stream`, `gpus_per_worker`).
 
@@ -305,18 +321,18 @@ def launch(
     Example:
         >>> launch(2, ["--epochs", "2", "--backup-dir", "/tmp/bk"], restarts=1)  # doctest: +SKIP
     """
+    trainer = list(train_command or MDTRAIN_TRAIN)
     if not num_ps:
         why = "launch runs multi-worker training; drop --strategy or pass --strategy multiworker"
-        command = [sys.executable, "-m", "mdtrain", "train"]
-        command += [*_without_strategy(train_args, "multiworker", why), "--strategy", "multiworker"]
+        command = [*trainer, *_without_strategy(train_args, "multiworker", why)]
+        command += ["--strategy", "multiworker"]
         return run_workers(command, num_workers, restarts=restarts, **kwargs)
     if restarts:
         raise UsageError(
             "--restarts with --ps: a parameter-server job outlives a lost worker; drop --restarts"
         )
     why = "launch --ps runs parameter-server training; drop --strategy"
-    chief = [sys.executable, "-m", "mdtrain", "train"]
-    chief += [*_without_strategy(train_args, "ps", why), "--strategy", "ps"]
+    chief = [*trainer, *_without_strategy(train_args, "ps", why), "--strategy", "ps"]
     server = [sys.executable, "-m", "mdtrain.ps", "serve"]
     return _run_ps_cluster(chief, server, num_workers, num_ps, **kwargs)
 
