@@ -124,7 +124,7 @@ def read_legacy_torch_file(path: str | os.PathLike) -> dict[str, np.ndarray]:
     """
     try:
         with open(path, "rb") as file:
-            tensors, storages = _read_tensors_and_storages(file, path)
+            tensors, storages = _read_tensors_and_storages(file)
     except (pickle.UnpicklingError, EOFError, KeyError, TypeError, ValueError) as error:
         reason = str(error).splitlines()[0] if str(error) else type(error).__name__
         raise ValueError(f"{path}: not a legacy PyTorch state dict ({reason})") from None
@@ -137,7 +137,7 @@ def read_legacy_torch_file(path: str | os.PathLike) -> dict[str, np.ndarray]:
     return arrays
 
 
-def _read_tensors_and_storages(file, path) -> tuple[dict, dict[str, np.ndarray]]:
+def _read_tensors_and_storages(file) -> tuple[dict, dict[str, np.ndarray]]:
     """The state dict's tensors (storage key, offset, size, stride) and the storages' arrays."""
     unpickler = _Unpickler(file)
     if unpickler.load() != 0x1950A86A20F9469CFC6C:  # torch's magic number
@@ -152,7 +152,9 @@ def _read_tensors_and_storages(file, path) -> tuple[dict, dict[str, np.ndarray]]
     return tensors, storages
 
 
-def _conv_bn(x, name: str, kernel: int, stride: int = 1, filters: int | None = None, relu=True):
+def _conv_bn(
+    features, name: str, kernel: int, stride: int = 1, filters: int | None = None, relu=True
+):
     """Convolution (depthwise without `filters`), exact BatchNormalization, ReLU6."""
     from keras import layers
 
@@ -163,8 +165,25 @@ def _conv_bn(x, name: str, kernel: int, stride: int = 1, filters: int | None = N
         conv = layers.DepthwiseConv2D(kernel, stride, "same", use_bias=False, name=name + "conv")
     else:
         conv = layers.Conv2D(filters, kernel, stride, "same", use_bias=False, name=name + "conv")
-    x = ExactBatchNormalization(epsilon=1e-3, momentum=0.99, name=name + "bn")(conv(x))
-    return layers.ReLU(6.0, name=name + "relu")(x) if relu else x
+    norm = ExactBatchNormalization(epsilon=1e-3, momentum=0.99, name=name + "bn")
+    features = norm(conv(features))
+    return layers.ReLU(6.0, name=name + "relu")(features) if relu else features
+
+
+def _inverted_residual(
+    features, name: str, kernel: int, *, stride, expanded_filters, filters, add_input
+):
+    """One block: 1×1 expansion (none without `expanded_filters`), k×k depthwise, 1×1 projection."""
+    from keras import layers
+
+    block_input = features
+    if expanded_filters is not None:
+        features = _conv_bn(features, name + "expand_", 1, filters=expanded_filters)
+    features = _conv_bn(features, name + "dw_", kernel, stride)
+    features = _conv_bn(features, name + "project_", 1, filters=filters, relu=False)
+    if add_input:
+        features = layers.Add(name=name + "add")([features, block_input])
+    return features
 
 
 def _base(image_size: int | None):
@@ -174,22 +193,26 @@ def _base(image_size: int | None):
 
     inputs = keras.Input((image_size, image_size, 3), name="image")
     # The checkpoint's own input scaling, (x - 127) / 128.
-    x = layers.Rescaling(1 / 128.0, offset=-127 / 128.0, name="scale_to_pm1")(inputs)
-    x = _conv_bn(x, "stem_", 3, 2, filters=STEM_FILTERS)
+    features = layers.Rescaling(1 / 128.0, offset=-127 / 128.0, name="scale_to_pm1")(inputs)
+    features = _conv_bn(features, "stem_", 3, 2, filters=STEM_FILTERS)
     filters_in, index = STEM_FILTERS, 0
     for repeats, kernel, stride, expand, filters in STAGES:
-        for r in range(repeats):  # inverted residual: 1×1 expand, k×k depthwise, 1×1 project
-            name, block_input = f"block{index}_", x
-            if expand != 1:
-                x = _conv_bn(x, name + "expand_", 1, filters=filters_in * expand)
-            x = _conv_bn(x, name + "dw_", kernel, stride if r == 0 else 1)
-            x = _conv_bn(x, name + "project_", 1, filters=filters, relu=False)
-            if r > 0:  # a stage's first block changes the shape; the others add their input
-                x = layers.Add(name=name + "add")([x, block_input])
+        for repeat in range(repeats):
+            # A stage's first block changes the shape; the others keep it and add their input.
+            first = repeat == 0
+            features = _inverted_residual(
+                features,
+                f"block{index}_",
+                kernel,
+                stride=stride if first else 1,
+                expanded_filters=filters_in * expand if expand != 1 else None,
+                filters=filters,
+                add_input=not first,
+            )
             filters_in, index = filters, index + 1
-    x = _conv_bn(x, "head_", 1, filters=HEAD_FILTERS)
-    x = layers.GlobalAveragePooling2D(name="avg_pool")(x)
-    return keras.Model(inputs, x, name="base")
+    features = _conv_bn(features, "head_", 1, filters=HEAD_FILTERS)
+    features = layers.GlobalAveragePooling2D(name="avg_pool")(features)
+    return keras.Model(inputs, features, name="base")
 
 
 def imagenet_classifier(image_size: int | None = 224, weights: str | None = "imagenet"):

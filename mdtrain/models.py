@@ -26,16 +26,17 @@ _V2_FILE_KIND = "a Keras weights file of this model without its top (…_notop.h
 def _small_cnn(image_size: int, num_classes: int, dropout: float, dtype) -> keras.Model:
     """A four-block CNN that trains in minutes on a CPU, with exact BatchNormalization."""
     inputs = keras.Input((image_size, image_size, 3), name="image")
-    x = layers.Rescaling(1 / 255.0, dtype=dtype)(inputs)
-    for i, filters in enumerate((32, 64, 128, 128)):
-        x = layers.Conv2D(filters, 3, padding="same", use_bias=False, name=f"conv{i}", dtype=dtype)(
-            x
+    features = layers.Rescaling(1 / 255.0, dtype=dtype)(inputs)
+    for block, filters in enumerate((32, 64, 128, 128)):
+        conv = layers.Conv2D(
+            filters, 3, padding="same", use_bias=False, name=f"conv{block}", dtype=dtype
         )
-        x = ExactBatchNormalization(momentum=0.9, name=f"norm{i}", dtype=dtype)(x)
-        x = layers.Activation("relu", dtype=dtype)(x)
-        x = layers.MaxPooling2D(dtype=dtype)(x)
-    x = layers.GlobalAveragePooling2D(dtype=dtype)(x)
-    head = classification_head(x, num_classes, dropout, dtype=dtype)
+        features = conv(features)
+        features = ExactBatchNormalization(momentum=0.9, name=f"norm{block}", dtype=dtype)(features)
+        features = layers.Activation("relu", dtype=dtype)(features)
+        features = layers.MaxPooling2D(dtype=dtype)(features)
+    features = layers.GlobalAveragePooling2D(dtype=dtype)(features)
+    head = classification_head(features, num_classes, dropout, dtype=dtype)
     return keras.Model(inputs, head, name="small_cnn")
 
 
@@ -49,12 +50,12 @@ def _efficientnetv2_base(name: str, image_size: int, weights: str | None) -> ker
             pooling="avg",
             include_preprocessing=True,  # expects 0–255 input
         )
-    except Exception as e:  # download failures come as several exception types
+    except Exception as error:  # download failures come as several exception types
         if weights != "imagenet":
             raise
         raise UsageError(
             f"--weights imagenet: could not download the ImageNet weights of {name} "
-            f"({type(e).__name__}); without network, attach the …_notop.h5 file and pass "
+            f"({type(error).__name__}); without network, attach the …_notop.h5 file and pass "
             "--weights PATH, or use --weights none"
         ) from None
     if weights not in (None, "imagenet"):
@@ -158,10 +159,10 @@ def _efficientnet(name, num_classes, image_size, weights, dropout, dtype) -> ker
         # dataset would wreck the pretrained features (and inference mode is
         # exact under any strategy).
         base.trainable = False
-        x = base(inputs, training=False)
+        features = base(inputs, training=False)
     else:
-        x = base(inputs)
-    head = classification_head(x, num_classes, dropout, dtype=dtype)
+        features = base(inputs)
+    head = classification_head(features, num_classes, dropout, dtype=dtype)
     return keras.Model(inputs, head, name=name.replace("-", "_"))
 
 
@@ -191,7 +192,7 @@ def unfreeze_top(model: keras.Model, fraction: float = 0.2) -> int:
     base.trainable = True
     cut = int(len(base.layers) * (1 - fraction))
     count = 0
-    for i, layer in enumerate(base.layers):
-        layer.trainable = i >= cut and not isinstance(layer, layers.BatchNormalization)
+    for position, layer in enumerate(base.layers):
+        layer.trainable = position >= cut and not isinstance(layer, layers.BatchNormalization)
         count += layer.trainable
     return count
