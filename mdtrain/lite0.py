@@ -195,7 +195,8 @@ def _base(image_size: int | None):
     # The checkpoint's own input scaling, (x - 127) / 128.
     features = layers.Rescaling(1 / 128.0, offset=-127 / 128.0, name="scale_to_pm1")(inputs)
     features = _conv_bn(features, "stem_", 3, 2, filters=STEM_FILTERS)
-    filters_in, index = STEM_FILTERS, 0
+    filters_in = STEM_FILTERS
+    index = 0  # the block's number, over all stages: the checkpoint's order
     for repeats, kernel, stride, expand, filters in STAGES:
         for repeat in range(repeats):
             # A stage's first block changes the shape; the others keep it and add their input.
@@ -209,7 +210,8 @@ def _base(image_size: int | None):
                 filters=filters,
                 add_input=not first,
             )
-            filters_in, index = filters, index + 1
+            filters_in = filters
+            index += 1
     features = _conv_bn(features, "head_", 1, filters=HEAD_FILTERS)
     features = layers.GlobalAveragePooling2D(name="avg_pool")(features)
     return keras.Model(inputs, features, name="base")

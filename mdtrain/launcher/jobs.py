@@ -390,7 +390,8 @@ def _run_ps_cluster(
 
 def _watch_ps(job: Job, num_ps: int) -> int:
     """Waits for the chief; stops the servers then. Returns the job's exit status."""
-    procs, labels, say, hang_timeout_s = job.procs, job.labels, job.say, job.hang_timeout_s
+    procs, labels, say = job.procs, job.labels, job.say
+    hang_timeout_s = job.hang_timeout_s
     reported: set[int] = set()
     while True:
         codes = [p.poll() for p in procs]
