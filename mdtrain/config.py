@@ -208,7 +208,6 @@ class TrainConfig:
         """Options that need, or exclude, another."""
         fine_tuning = self.fine_tune_epochs > 0
         needs_pretrained = "needs a pretrained base: "
-        weights_is_a_file = os.path.isfile(self.weights)
         return [
             _Rule(
                 "backup_every_steps",
@@ -232,7 +231,7 @@ class TrainConfig:
             ),
             _Rule(
                 "weights",
-                self.weights in ("imagenet", "none") or weights_is_a_file,
+                self.weights in ("imagenet", "none") or os.path.isfile(self.weights),
                 "no such file; pass imagenet, none, or a weights file",
             ),
             # EfficientNetV2 trains its head on a frozen base: a random base cannot learn.
