@@ -269,7 +269,7 @@ def test_a_step_that_began_before_its_batch_came_waited_until_then():
 
 
 def _stamps(index0, got_times, images=8):
-    return [Stamp(index0 + i, got - 0.001, got, images) for i, got in enumerate(got_times)]
+    return [Stamp(index0 + i, got, images) for i, got in enumerate(got_times)]
 
 
 def test_the_stamps_of_an_iterator_keras_peeked_at_are_dropped():

@@ -128,8 +128,8 @@ class MonitorCallback(keras.callbacks.Callback):
         ``model.fit``). A distributed dataset
         (``strategy.experimental_distribute_dataset``) comes back as one whose
         iterators time ``next()`` (for a custom loop, iterated in Python). See
-        `mdtrain.monitor.watch` for how, and what it costs (two timestamps
-        and a queue entry per batch; measured below 1% of a step). Watch the
+        `mdtrain.monitor.watch` for how, and what it costs (one map call
+        per batch on the input thread). Watch the
         training data only: a watched validation set would be taken for it.
 
         Args:
