@@ -180,10 +180,12 @@ class Summary(Rates):
         """The multi-line text form printed at the end of training."""
         lines = [f"mdtrain monitor: {self.steps} steps, {', '.join(rate_figures(self))}"]
         lines.append(f"  timing: {timing_text(self)}")
-        for d in self.devices:
-            memory = memory_text(d.peak_memory_used, d.memory_total)
-            util = f"mean {percent(d.mean_utilization)}, peak {percent(d.peak_utilization)}"
-            lines.append(f"  {d.name}: {util}" + (f", peak memory {memory}" if memory else ""))
+        for device in self.devices:
+            memory = memory_text(device.peak_memory_used, device.memory_total)
+            util = (
+                f"mean {percent(device.mean_utilization)}, peak {percent(device.peak_utilization)}"
+            )
+            lines.append(f"  {device.name}: {util}" + (f", peak memory {memory}" if memory else ""))
         if self.allocator_peaks:
             peaks = ", ".join(f"{gpu} {used / 2**30:.1f} GiB" for gpu, used in self.allocator_peaks)
             reserved = "NVML's figure is what its allocator reserved"
