@@ -154,7 +154,7 @@ def dist(tmp_path_factory) -> dict[str, Path]:
     they are built here.
     """
     if os.environ.get("MDTRAIN_DIST"):
-        out = Path(os.environ["MDTRAIN_DIST"])
+        out = Path(os.environ["MDTRAIN_DIST"]).resolve()
     else:
         out = tmp_path_factory.mktemp("dist")
         env = {**os.environ, "PYTHON": sys.executable}
