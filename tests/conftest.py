@@ -16,9 +16,9 @@ Two tiers, one suite:
   new module joins the tier it imports for. Tests of the fast tier may still
   use TensorFlow inside the test. `tests/test_tiers.py` checks both.
 
-Each test process (each xdist worker) gets 4 virtual CPU devices the moment anything imports
-TensorFlow (a test, a fixture, a test module, mdtrain itself), before any
-TensorFlow work, so any test can build a `cpu:2` or `cpu:4` MirroredStrategy
+Each test process (each xdist worker) gets 4 virtual CPU devices the moment
+anything imports TensorFlow (a test, a fixture, a test module, mdtrain
+itself), before any TensorFlow work, so any test can build a `cpu:2` or `cpu:4` MirroredStrategy
 in this process, whatever ran before it. A session that never imports
 TensorFlow never pays for it.
 """
