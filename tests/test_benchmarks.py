@@ -196,31 +196,45 @@ def test_train_benchmark_rejects_bad_arguments(data):
         train.train_benchmark(data, steps=0)
 
 
-def test_step_overhead_ratios_are_taken_round_by_round_and_failures_kept():
-    runs = {  # [whole call steps/s, CPU ms per step, steady-state steps/s] per round
-        "keras_fit": [[100.0, 4.0, 110.0], [200.0, 3.0, 220.0], [150.0, 5.0, 100.0]],
-        "keras_fit_spe16": ["InvalidArgumentError: You must feed a value"] * 3,
-        "exact_fit_spe16": [[250.0, 2.0, 330.0], [300.0, 2.5, 440.0], [450.0, 1.0, 400.0]],
-        "before/keras_fit": [[100.0, 4.0, 100.0]] * 3,
-        "before/exact_fit": [[50.0, 8.0, 50.0], [60.0, 8.0, 70.0], [40.0, 9.0, 30.0]],
-    }
+def test_step_overhead_ratios_are_taken_call_by_call_and_failures_kept():
+    runs = {  # [whole call steps/s, CPU ms per step, steady-state steps/s] per call
+        "default/finite/keras_fit": [[100.0, 4.0, 110.0], [200.0, 3.0, 220.0],
+                                     [150.0, 5.0, 100.0]],
+        "default/finite/keras_fit_spe16": ["InvalidArgumentError: You must feed a value"],
+        "default/finite/exact_fit_spe16": [[250.0, 2.0, 330.0], [300.0, 2.5, 440.0],
+                                           [450.0, 1.0, 400.0]],
+        "before/default/finite/keras_fit": [[100.0, 4.0, 100.0]] * 3,
+        "before/default/finite/exact_fit": [[50.0, 8.0, 50.0], [60.0, 8.0, 70.0],
+                                            [40.0, 9.0, 30.0]],
+    }  # fmt: skip
     summary = step_overhead._summary(runs)
-    assert summary["keras_fit_spe16"] == {"error": "InvalidArgumentError: You must feed a value"}
-    spe = summary["exact_fit_spe16"]
-    assert spe["steps_per_sec"] == 300.0 and spe["spread"] == [250.0, 450.0]
+    assert summary["default/finite/keras_fit_spe16"] == {
+        "error": "InvalidArgumentError: You must feed a value"
+    }
+    spe = summary["default/finite/exact_fit_spe16"]
+    assert spe["calls"] == 3 and spe["steps_per_sec"] == 300.0 and spe["spread"] == [250.0, 450.0]
     assert spe["vs_keras_fit"] == 2.5 and spe["vs_keras_fit_spread"] == [1.5, 3.0]
     assert spe["steady_steps_per_sec"] == 400.0 and spe["steady_spread"] == [330.0, 440.0]
     assert spe["steady_vs_keras_fit"] == 3.0 and spe["steady_vs_keras_fit_spread"] == [2.0, 4.0]
     assert spe["cpu_ms_per_step"] == 2.0
-    assert summary["before/exact_fit"]["vs_keras_fit"] == 0.5  # against its own round's Keras
-    assert summary["before/exact_fit"]["steady_vs_keras_fit"] == 0.5
+    low, high = spe["quartiles"]
+    assert 250.0 <= low <= 300.0 <= high <= 450.0
+    before = summary["before/default/finite/exact_fit"]
+    assert before["vs_keras_fit"] == 0.5  # against its own process's Keras, call by call
+    assert before["steady_vs_keras_fit"] == 0.5
 
 
-@pytest.mark.parametrize("args", [["--steps", "0"], ["--repeats", "-1"]])
-def test_step_overhead_rejects_bad_arguments(args):
+@pytest.mark.parametrize(
+    "args, fragment",
+    [(["--steps", "0"], "must be a positive integer"),
+     (["--calls", "-1"], "must be a positive integer"),
+     (["--settings", "default,fast"], "--settings fast: choose from"),
+     (["--variants", "exact_fit"], "must hold keras_fit")],
+)  # fmt: skip
+def test_step_overhead_rejects_bad_arguments(args, fragment):
     from mdtrain.errors import UsageError
 
-    with pytest.raises(UsageError, match="must be a positive integer"):
+    with pytest.raises(UsageError, match=fragment):
         step_overhead.main(args)
 
 
