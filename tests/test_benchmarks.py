@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 import itertools
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -299,3 +300,34 @@ def test_train_benchmark_reports_ratio_verdict_and_replicas(data, tmp_path):
     saved = json.loads((tmp_path / "t.json").read_text())
     assert saved["vs_keras_fit"]["ratios"] == versus["ratios"]  # what the README quotes
     assert (tmp_path / "t.png").exists()
+
+
+@pytest.mark.slow
+def test_the_gpu_check_runs_every_section_on_cpu_replicas_correctness_first(tmp_path):
+    # `benchmarks/gpu.py --dry-run-on-cpu`: every section's code path on 2 CPU replicas with
+    # tiny sizes, one run per section where a section has several alike (CI: 2 cores, no GPU).
+    proc = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "gpu.py"), "--dry-run-on-cpu", "--out", str(tmp_path),
+         "--budget-s", "900", "--json"],
+        capture_output=True, text=True, timeout=1200, cwd=BENCHMARKS.parent,
+        env={**os.environ, "PYTHONPATH": str(BENCHMARKS.parent)},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    written = json.loads((tmp_path / "gpu.json").read_text())
+    assert json.loads(proc.stdout.splitlines()[-1])["sections"] == written["sections"]
+    status = {sid: section["status"] for sid, section in written["sections"].items()}
+    assert status == dict.fromkeys("abnscedipgfh", "ok"), written["sections"]
+    assert len(written["source"]["commit"]) == 40 and "dirty" in written["source"]
+    cases = written["runs"]["n.cases"]["cases"]
+    assert all(isinstance(case["max_relative_difference"], float) for case in cases.values())
+    assert all(case["equal"] for case in cases.values() if case["must_equal"])
+    overflow = written["runs"]["s.overflow"]
+    assert overflow["weights_finite"] and overflow["step_skipped"]
+    assert overflow["loss_scale_after"] == overflow["loss_scale_before"] / 2
+    assert written["runs"]["c.default"]["empty_replica"]
+    assert written["pytest"]["counts"] == {"skipped": 4}  # no GPU: every gpu test skips
+    for rid in ("g.recipe", "g.mdtrain"):  # both sides timed by the same epoch timer
+        assert written["runs"][rid]["images_per_sec"] > 0
+        assert 0 <= written["runs"][rid]["val_accuracy"] <= 1
+    assert "2 virtual CPU devices" in written["labels"]["f.all"]
+    assert list(written["sections"]) == list("abnscedipgfh")  # correctness first
