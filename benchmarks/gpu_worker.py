@@ -385,16 +385,16 @@ def recipe_run(run: dict, work: str, record: dict) -> None:
 
 
 # ------------------------------------------------------------------ correctness (n, s)
-def _two_strategies(config: dict):
+def _two_strategies():
     """One device, and the first two under MirroredStrategy (through one device where they
-    share a card: NCCL refuses two ranks on one)."""
+    share a card: NCCL refuses two ranks on one); the GPUs, else the CPUs of a dry run."""
     import tensorflow as tf
 
     from mdtrain.compat import fresh_collective_keys
 
-    kind = "CPU" if config["dry_run"] else "GPU"
-    devices = [d.name for d in tf.config.list_logical_devices(kind)][:2]
-    shared = config["dry_run"] or len(tf.config.list_physical_devices("GPU")) < 2
+    devices = _names(tf.config.list_logical_devices("GPU") or tf.config.list_logical_devices())
+    devices = devices[:2]
+    shared = len(tf.config.list_physical_devices("GPU")) < 2
     fresh_collective_keys()
     reduce = tf.distribute.ReductionToOneDevice() if shared else None
     two = tf.distribute.MirroredStrategy(devices, cross_device_ops=reduce)
@@ -424,8 +424,10 @@ NUMERICS_CASES = {
     "--batch-norm synchronized (31 examples: last 8 + 7)": (31, 16, "synchronized", True),
     "--batch-norm local (31 examples: last 8 + 7)": (31, 16, "local", False),
 }
-#: tests/test_numerics.py's bound on the largest relative weight difference.
-EXACT = 1e-4
+#: tests/test_numerics.py's bound on the largest relative weight difference, and its image
+#: size (16 px: 1x1 after the small CNN's 4 poolings; at 32 px, 2 CPU replicas differed from
+#: 1 by 3-7% on 17 and 31 examples, 2026-12-05, reported, not yet explained).
+EXACT, NUMERICS_PX = 1e-4, 16
 
 
 def numerics_run(run: dict, work: str, record: dict) -> None:
@@ -435,17 +437,17 @@ def numerics_run(run: dict, work: str, record: dict) -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
     from numerics_harness import fixed_dataset, max_relative_difference
 
-    one, two = _two_strategies(run)
+    one, two = _two_strategies()
     tf32 = tf.config.experimental.tensor_float_32_execution_enabled()
     tf.config.experimental.enable_tensor_float_32_execution(False)
     cases = {}
     try:
         for case in run["cases"]:
             examples, batch, norm, must_equal = NUMERICS_CASES[case]
-            dataset = fixed_dataset(examples, batch, image_size=32)
-            reference = _trained_weights(one, dataset, norm, 3, 32)
-            difference = max_relative_difference(_trained_weights(two, dataset, norm, 3, 32),
-                                                 reference)  # fmt: skip
+            dataset = fixed_dataset(examples, batch, image_size=NUMERICS_PX)
+            reference = _trained_weights(one, dataset, norm, 3, NUMERICS_PX)
+            got = _trained_weights(two, dataset, norm, 3, NUMERICS_PX)
+            difference = max_relative_difference(got, reference)
             cases[case] = {"max_relative_difference": difference, "must_equal": must_equal,
                            "equal": difference < EXACT}  # fmt: skip
     finally:
@@ -485,7 +487,7 @@ def overflow_run(run: dict, work: str, record: dict) -> None:
 
     from mdtrain.loop import ExactTrainer
 
-    _, two = _two_strategies(run)
+    _, two = _two_strategies()
     dataset = tf.data.Dataset.from_tensor_slices((np.ones((4, 4), "float32"), [0, 1, 2, 0]))
     previous = keras.mixed_precision.dtype_policy()
     keras.mixed_precision.set_dtype_policy("mixed_float16")
@@ -499,7 +501,7 @@ def overflow_run(run: dict, work: str, record: dict) -> None:
             net = keras.Model(inputs, outputs)
             trainer = ExactTrainer(net)
             trainer.compile(keras.optimizers.SGD(0.1))
-        before, scale = net.get_weights(), float(trainer.optimizer.dynamic_scale.numpy())
+        before, scale = net.get_weights(), float(trainer.optimizer.initial_scale)
         trainer.fit(dataset.batch(4), epochs=1, verbose=0)
     finally:
         keras.mixed_precision.set_dtype_policy(previous)

@@ -106,20 +106,20 @@ class AugmentPolicy:
 @_as_written
 def sample_transforms(batch_size, policy: AugmentPolicy, seed) -> dict[str, tf.Tensor]:
     """Per-image `theta` (radians), `zx`, `zy`, `flip` (0 or 1), `brightness`, `contrast`."""
-    u = tf.random.stateless_uniform([batch_size, 4], seed=seed)
+    geometry = tf.random.stateless_uniform([batch_size, 4], seed=seed)
     # Colour is drawn from a seed of its own, so adding it leaves the geometry unchanged.
-    c = tf.random.stateless_uniform(
+    colour = tf.random.stateless_uniform(
         [batch_size, 2], seed=tf.random.experimental.stateless_fold_in(seed, 1)
     )
     max_theta = policy.rotation_degrees * (3.141592653589793 / 180.0)
     lo, hi = policy.brightness if policy.brightness is not None else (1.0, 1.0)
     return {
-        "theta": (2.0 * u[:, 0] - 1.0) * max_theta,
-        "zx": 1.0 - policy.zoom + 2.0 * policy.zoom * u[:, 1],
-        "zy": 1.0 - policy.zoom + 2.0 * policy.zoom * u[:, 2],
-        "flip": tf.cast(u[:, 3] < 0.5, tf.float32) * float(policy.horizontal_flip),
-        "brightness": lo + (hi - lo) * c[:, 0],
-        "contrast": 1.0 - policy.contrast + 2.0 * policy.contrast * c[:, 1],
+        "theta": (2.0 * geometry[:, 0] - 1.0) * max_theta,
+        "zx": 1.0 - policy.zoom + 2.0 * policy.zoom * geometry[:, 1],
+        "zy": 1.0 - policy.zoom + 2.0 * policy.zoom * geometry[:, 2],
+        "flip": tf.cast(geometry[:, 3] < 0.5, tf.float32) * float(policy.horizontal_flip),
+        "brightness": lo + (hi - lo) * colour[:, 0],
+        "contrast": 1.0 - policy.contrast + 2.0 * policy.contrast * colour[:, 1],
     }
 
 
@@ -196,9 +196,9 @@ def _resample_xla(images, matrices, gain, offset, nearest: bool):
         tf.range(height, dtype=tf.float32), tf.range(width, dtype=tf.float32), indexing="ij"
     )
     xs, ys = tf.reshape(xs, [1, -1]), tf.reshape(ys, [1, -1])
-    m = tf.cast(matrices, tf.float32)
-    sx = m[:, 0:1] * xs + m[:, 1:2] * ys + m[:, 2:3]
-    sy = m[:, 3:4] * xs + m[:, 4:5] * ys + m[:, 5:6]
+    matrix = tf.cast(matrices, tf.float32)
+    sx = matrix[:, 0:1] * xs + matrix[:, 1:2] * ys + matrix[:, 2:3]  # where each pixel samples
+    sy = matrix[:, 3:4] * xs + matrix[:, 4:5] * ys + matrix[:, 5:6]
     flat = tf.reshape(images, [-1, channels])
     base = tf.range(batch)[:, None] * (height * width)
 
