@@ -27,12 +27,10 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
 
-from _common import REPO, check_positive, machine_info, package_env, run_main, write_result
+from _common import REPO, check_positive, last_json, machine_info, run_main, write_result
 
 REPLICAS = 2
 #: mdtrain train's defaults for the small CNN: 32 px, 32 images per replica.
@@ -121,14 +119,7 @@ def _commands(data: str, epochs: int) -> dict[str, list[str]]:
 
 def _timed(command: list[str]) -> dict:
     """Runs `command` to its exit: its wall seconds and the accuracy its last line reports."""
-    start = time.perf_counter()
-    done = subprocess.run(command, env=package_env(REPO), cwd=REPO, capture_output=True,
-                          text=True)  # fmt: skip
-    wall = time.perf_counter() - start
-    if done.returncode != 0:
-        raise SystemExit(f"{' '.join(command[:4])} failed ({done.returncode}):\n"
-                         f"{done.stderr[-2000:]}")  # fmt: skip
-    last = json.loads(done.stdout.strip().splitlines()[-1])
+    last, wall = last_json(command, REPO)
     accuracy = last.get("val_accuracy") or (last.get("history") or [{}])[-1].get("val_accuracy")
     return {"wall_s": round(wall, 2), "val_accuracy": accuracy}
 
