@@ -1,7 +1,8 @@
 """The GPU check (`benchmarks/gpu.py`) and what a real GPU must do.
 
 - Here, without a GPU: the check says so in one line and exits 0; its plan
-  leaves a replica empty and skips the less valuable sections first; a worker
+  leaves a replica empty, runs correctness first and labels a split card's
+  figures; figures that miss their bound fail their section; a worker
   that dies costs its run only (`tests/test_benchmarks.py` runs the whole check
   on CPU replicas, `--dry-run-on-cpu`).
 - `gpu`-marked, where NVML sees an NVIDIA GPU (skipped elsewhere): TensorFlow
