@@ -21,7 +21,7 @@ from pathlib import Path
 from matplotlib.figure import Figure
 
 from mdtrain.errors import UsageError
-from mdtrain.plots.common import DPI, WRONG_COLOR, new_figure
+from mdtrain_course.plots.common import DPI, WRONG_COLOR, new_figure
 
 #: Where `data=None` keeps the benchmark dataset (1500 training JPEGs of about 256 px).
 BENCH_DATA = Path(os.environ.get("MDTRAIN_DATA_DIR", "data")) / "bench"

@@ -930,7 +930,7 @@ def write_outputs(report: dict, out: Path, final: bool) -> None:
     if final:
         from _common import benchmark_bars
 
-        from mdtrain.plots.common import DPI
+        from mdtrain_course.plots.common import DPI
 
         bars = _bars(report) or {"no training run finished": 0.0}
         title = f"GPU check, {report['gpu']}: images/s, median of the timed epochs"

@@ -28,10 +28,12 @@ trainer.fit(data.train_epochs(0, 3), epochs=3, steps_per_epoch=data.steps_per_ep
 ```
 
 Documented submodules, for what the front door does not carry:
-`mdtrain.plots` (the notebooks' figures), `mdtrain.monitor` (the samplers
-and dashboard behind `make_monitor`), `mdtrain.launcher` (local multi-worker
-and parameter-server processes), `mdtrain.lite0` (EfficientNet-Lite0 with
-ImageNet weights offline). Every other module is internal.
+`mdtrain.monitor` (the samplers and dashboard behind `make_monitor`),
+`mdtrain.launcher` (local multi-worker and parameter-server processes),
+`mdtrain.lite0` (EfficientNet-Lite0 with ImageNet weights offline). Every
+other module is internal. The notebooks' figures and exercise checks are
+course material, not the library: the package `mdtrain_course`, in the same
+wheel.
 """
 
 from __future__ import annotations
@@ -84,8 +86,8 @@ _EXPORTS = {
 __all__ = sorted([*_EXPORTS, "check_versions", "__version__"])
 
 
-#: The documented submodules, importable as attributes too (`mdtrain.plots.image_grid`).
-_SUBMODULES = ("plots", "monitor", "launcher", "lite0")
+#: The documented submodules, importable as attributes too (`mdtrain.lite0.offline_base`).
+_SUBMODULES = ("monitor", "launcher", "lite0")
 
 
 def __getattr__(name: str):

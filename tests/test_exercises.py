@@ -2,7 +2,7 @@
 
 import pytest
 
-from mdtrain.exercises import ExerciseError, not_written, verdict
+from mdtrain_course.exercises import ExerciseError, not_written, verdict
 
 
 def test_a_working_answer_is_said_to_work(capsys):

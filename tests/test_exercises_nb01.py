@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from mdtrain.exercises import ExerciseError, nb01
+from mdtrain_course.exercises import ExerciseError, nb01
 
 
 def _augmentation(rotation=20 / 360, layers=nb01.LAYERS):

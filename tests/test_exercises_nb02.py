@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from mdtrain.exercises import ExerciseError, nb02
+from mdtrain_course.exercises import ExerciseError, nb02
 
 AUTOTUNE = tf.data.AUTOTUNE
 

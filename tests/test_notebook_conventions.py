@@ -145,7 +145,7 @@ def test_each_exercise_has_its_cells(notebook):
             "the last cell checks the solution with strict=True"
         )
     assert (REPO / "mdtrain" / "exercises" / f"{module}.py").is_file(), (
-        f"no mdtrain/exercises/{module}.py"
+        f"no mdtrain_course/exercises/{module}.py"
     )
     assert (REPO / "tests" / f"test_exercises_{module}.py").is_file(), (
         f"no tests/test_exercises_{module}.py"

@@ -1,4 +1,4 @@
-"""mdtrain.plots: each figure holds what it should (axes, bars, patches, labels)."""
+"""mdtrain_course.plots: each figure holds what it should (axes, bars, patches, labels)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
 from matplotlib.container import BarContainer  # noqa: E402
 from matplotlib.patches import Rectangle  # noqa: E402
 
-from mdtrain import plots  # noqa: E402
+from mdtrain_course import plots  # noqa: E402
 
 CLASSES = ["circle", "cross", "square"]
 

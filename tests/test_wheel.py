@@ -172,7 +172,8 @@ def dist(tmp_path_factory) -> dict[str, Path]:
 def _package_files() -> set[str]:
     return {
         path.relative_to(ROOT).as_posix()
-        for path in (ROOT / "mdtrain").rglob("*")
+        for package in ("mdtrain", "mdtrain_course")
+        for path in (ROOT / package).rglob("*")
         if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc"
     }
 
@@ -180,7 +181,7 @@ def _package_files() -> set[str]:
 @pytest.mark.slow
 def test_wheel_and_sdist_hold_every_file_of_the_package(dist):
     with zipfile.ZipFile(dist["wheel"]) as wheel:
-        in_wheel = {n for n in wheel.namelist() if n.startswith("mdtrain/")}
+        in_wheel = {n for n in wheel.namelist() if n.startswith(("mdtrain/", "mdtrain_course/"))}
     assert in_wheel == _package_files()
     assert "mdtrain/imagenet_classes.txt" in in_wheel  # data read at run time travels too
     import tarfile

@@ -3,7 +3,7 @@
 Example:
 
 ```python
-from mdtrain.exercises import nb02
+from mdtrain_course.exercises import nb02
 
 nb02.check_input_pipeline(fast_ds, global_batch_size=32)  # prints what is wrong, or that it works
 ```
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mdtrain.exercises import not_written, verdict
+from mdtrain_course.exercises import not_written, verdict
 
 
 def _stages(ds) -> list[str]:

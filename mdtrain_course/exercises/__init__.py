@@ -8,13 +8,13 @@ notebook, fails if a solution stops working.
 
 A check never raises on the learner's answer: an empty or wrong answer prints
 what is wrong, and the notebook runs on. One module per notebook
-(``mdtrain.exercises.nb01`` for notebook 01, ...) holds its checks; each is a
+(``mdtrain_course.exercises.nb01`` for notebook 01, ...) holds its checks; each is a
 function that gathers the problems as sentences and hands them to `verdict`.
 
 Example:
 
 ```python
-from mdtrain.exercises import nb01
+from mdtrain_course.exercises import nb01
 
 nb01.check_augmentation_model(my_model)  # prints what is wrong, or that it works
 ```

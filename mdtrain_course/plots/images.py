@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import numpy as np
 from matplotlib.figure import Figure
 
-from mdtrain.plots.common import (
+from mdtrain_course.plots.common import (
     RIGHT_COLOR,
     WRONG_COLOR,
     axes_grid,

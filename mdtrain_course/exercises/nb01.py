@@ -3,7 +3,7 @@
 Example:
 
 ```python
-from mdtrain.exercises import nb01
+from mdtrain_course.exercises import nb01
 
 nb01.check_augmentation_model(augmentation)  # prints what is wrong, or that it works
 ```
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mdtrain.exercises import not_written, verdict
+from mdtrain_course.exercises import not_written, verdict
 
 #: The layers the exercise asks for, with the range of the notebook's policy.
 LAYERS = ("RandomFlip", "RandomRotation", "RandomZoom", "RandomBrightness", "RandomContrast")

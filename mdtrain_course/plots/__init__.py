@@ -12,11 +12,16 @@ converted with `numpy.asarray`. The figures live by kind in `images`, `counts`,
 
 from __future__ import annotations
 
-from mdtrain.plots.common import DPI, RIGHT_COLOR, WRONG_COLOR
-from mdtrain.plots.counts import class_counts_bar, recall_bars, replica_class_counts_plot
-from mdtrain.plots.curves import accuracy_comparison, history_curves, scaling_chart, step_curves
-from mdtrain.plots.images import augmentation_grid, image_grid, side_by_side_augmentations
-from mdtrain.plots.speed import overlap_timeline, throughput_bars
+from mdtrain_course.plots.common import DPI, RIGHT_COLOR, WRONG_COLOR
+from mdtrain_course.plots.counts import class_counts_bar, recall_bars, replica_class_counts_plot
+from mdtrain_course.plots.curves import (
+    accuracy_comparison,
+    history_curves,
+    scaling_chart,
+    step_curves,
+)
+from mdtrain_course.plots.images import augmentation_grid, image_grid, side_by_side_augmentations
+from mdtrain_course.plots.speed import overlap_timeline, throughput_bars
 
 __all__ = [
     "DPI",

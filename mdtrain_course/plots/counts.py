@@ -8,7 +8,7 @@ import matplotlib
 import numpy as np
 from matplotlib.figure import Figure
 
-from mdtrain.plots.common import (
+from mdtrain_course.plots.common import (
     grouped_bars,
     new_figure,
     tab10_colors,

@@ -8,7 +8,7 @@ from itertools import product
 import numpy as np
 from matplotlib.figure import Figure
 
-from mdtrain.plots.common import (
+from mdtrain_course.plots.common import (
     new_figure,
     tab10_colors,
 )

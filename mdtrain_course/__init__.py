@@ -1,0 +1,12 @@
+"""The notebook series' own material, beside the `mdtrain` library in the same wheel.
+
+- `mdtrain_course.plots`: the notebooks' figures (sample grids, class counts
+  per replica, learning curves, images/s against replicas).
+- `mdtrain_course.exercises`: the checks of the notebooks' exercises, one
+  module per notebook (`mdtrain_course.exercises.nb01`, ...).
+
+The library (`import mdtrain`) never imports this package; it imports the
+library. It is kept apart so that the library stays the library: what a
+training run, another project or the command line needs, and nothing the
+lessons alone use.
+"""
