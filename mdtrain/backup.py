@@ -51,9 +51,12 @@ CHECKPOINT_NAME = "mdtrain-ckpt"
 STATE_FILE = "checkpoint"  # `CheckpointManager`'s own list of its checkpoints
 FORMAT = 2  # the manifest's "format"; 1 was the hand-written one-folder-per-save layout
 _KEEP = 2
-# The manager's files and the temporary folder of a save under way, by checkpoint.
-_CHECKPOINT_FILE = re.compile(rf"({CHECKPOINT_NAME}-(\d+))(\.index|\.data-\d+-of-\d+|_temp)$")
-_MANIFEST_TMP = re.compile(rf"{re.escape(MANIFEST_FILE)}\..+\.tmp$")
+# A checkpoint's files, and what a save under way writes first (TensorFlow's temporary
+# folder `_temp`, `.index.tempstate<n>`; `checkpoint.tmp<hex>`; the manifest's `.tmp`).
+_CHECKPOINT_FILE = re.compile(
+    rf"({CHECKPOINT_NAME}-(\d+))((\.index|\.data-\d+-of-\d+)(\.tempstate\d+)?|_temp)$"
+)
+_TEMPORARY = re.compile(rf"({re.escape(MANIFEST_FILE)}\..+\.tmp|{STATE_FILE}\.tmp[0-9a-f]+)$")
 # Format 1: `ckpt-EEEEE-SSSSSS/` (and `mdtrain-tmp-*/` mid-save) holding these files.
 _FORMAT_1 = re.compile(r"(ckpt-\d{5}-\d{6}|mdtrain-tmp-.+)$")
 _FORMAT_1_FILES = {"net.weights.h5", "state.npz", "MANIFEST.json"}
@@ -100,7 +103,7 @@ def resume_point(
     if not backup_dir:
         return ResumePoint()
     root = Path(backup_dir)
-    _check_folder(root, backup_dir)
+    _check_folder(root, backup_dir, chief)
     point = _read_manifest(root, backup_dir)
     if point is not None:
         _verify(point.path, backup_dir)
@@ -114,8 +117,13 @@ def resume_point(
     return point
 
 
-def _check_folder(root: Path, backup_dir) -> None:
-    """Refuses a folder holding a format-1 backup, or a list of checkpoints not mdtrain's."""
+def _check_folder(root: Path, backup_dir, chief: bool = True) -> None:
+    """Refuses a folder holding a format-1 backup, or a list of checkpoints not mdtrain's.
+
+    Only the chief checks the list: its manager would delete what the list
+    names, and it removes the list when it resumes (another worker could find
+    it gone while reading it).
+    """
     format_1 = [path.name for path in _entries(root) if _is_format_1(path)]
     if format_1:
         raise UsageError(
@@ -123,7 +131,7 @@ def _check_folder(root: Path, backup_dir) -> None:
             f"({min(format_1)}/), which this version cannot resume; delete {backup_dir} "
             "(or move it away) to start afresh, or pass another --backup-dir"
         )
-    if (root / STATE_FILE).exists() and not _state_is_ours(root):
+    if chief and (root / STATE_FILE).exists() and not _state_is_ours(root):
         raise UsageError(
             f"--backup-dir {backup_dir}: its file '{STATE_FILE}' lists TensorFlow checkpoints "
             "that mdtrain did not write; nothing was touched: use another --backup-dir"
@@ -248,12 +256,13 @@ def _remove_leftovers(root: Path, keep: str | None, say) -> None:
     said = set()
     for path in sorted(_entries(root)):
         match = _CHECKPOINT_FILE.match(path.name)
-        if match and match[1] != keep:
-            if match[1] not in said and (int(match[2]) > kept or match[3] == "_temp"):
+        unfinished = bool(match) and (match[3] == "_temp" or match[5] is not None)
+        if match and (match[1] != keep or unfinished):
+            if match[1] not in said and (unfinished or int(match[2]) > kept):
                 say(f"backup: removed {match[1]}, a save that a killed process left unfinished")
                 said.add(match[1])
             _remove(path)
-        elif _MANIFEST_TMP.match(path.name):
+        elif _TEMPORARY.match(path.name):
             _remove(path)
     with contextlib.suppress(FileNotFoundError):
         (root / STATE_FILE).unlink()
@@ -282,7 +291,7 @@ def remove_backups(backup_dir: str | os.PathLike) -> None:
     """
     root = Path(backup_dir)
     for path in _entries(root):
-        if _CHECKPOINT_FILE.match(path.name) or _MANIFEST_TMP.match(path.name):
+        if _CHECKPOINT_FILE.match(path.name) or _TEMPORARY.match(path.name):
             _remove(path)
     if (root / STATE_FILE).exists() and _state_is_ours(root):
         (root / STATE_FILE).unlink()

@@ -362,12 +362,11 @@ def killed_and_resumed(config, stop):
 out = {}
 for loop in ("fit", "custom"):
     base = dict(data=data, image_size=16, epochs=2, global_batch_size=8, strategy="cpu:2",
-                deterministic=True, monitor="none", verbose=0, loop=loop,
-                backup_every_steps=1)
-    whole = train(TrainConfig(**base))
-    config = TrainConfig(**base, backup_dir=str(work / loop / "bk"))
+                deterministic=True, monitor="none", verbose=0, loop=loop)
+    whole = train(TrainConfig(**base, steps_per_execution=1))  # no backups
+    config = TrainConfig(**base, backup_every_steps=1, backup_dir=str(work / loop / "bk"))
     ckpt, resumed = killed_and_resumed(config, Stop())
-    per_call = TrainConfig(**dict(base, backup_every_steps=2, steps_per_execution=2),
+    per_call = TrainConfig(**base, backup_every_steps=2, steps_per_execution=2,
                            backup_dir=str(work / loop / "spe"))
     spe_ckpt, spe = killed_and_resumed(per_call, Stop(2))
     out[loop] = {
