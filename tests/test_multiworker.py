@@ -19,6 +19,7 @@ from tests.test_resume import (
     TIMEOUT_S,
     TRAIN_ARGS,
     assert_same_history,
+    backed_up_at,
     dataset,
     env,
     max_relative_difference,
@@ -131,7 +132,7 @@ def test_killed_worker_is_restarted_and_resumes(two_workers, tmp_path_factory, t
         cmd, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
     try:
-        wait_for(lambda: any(backup.glob("ckpt-*")), launcher)
+        wait_for(lambda: backed_up_at(backup) is not None, launcher)
         os.kill(_worker_pid(launcher, 1), signal.SIGKILL)
         output, _ = launcher.communicate(timeout=TIMEOUT_S)
     finally:

@@ -90,12 +90,22 @@ def assert_same_history(a_file: Path, b_file: Path, rel: float = 1e-5) -> None:
         assert row_a == pytest.approx(row_b, rel=rel, abs=0.0)
 
 
-def wait_for(predicate, proc: subprocess.Popen, timeout_s: float = TIMEOUT_S) -> None:
+def wait_for(
+    predicate, proc: subprocess.Popen, timeout_s: float = TIMEOUT_S, poll_s: float = 0.1
+) -> None:
     deadline = time.monotonic() + timeout_s
     while not predicate():
         assert proc.poll() is None, f"exited early with code {proc.returncode}"
         assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.1)
+        time.sleep(poll_s)
+
+
+def backed_up_at(backup: Path) -> str | None:
+    """The checkpoint that the manifest in `backup` names (it is replaced whole), or None."""
+    try:
+        return json.loads((backup / "mdtrain-backup.json").read_text())["checkpoint"]
+    except FileNotFoundError:
+        return None
 
 
 @pytest.fixture(scope="module")
@@ -118,8 +128,9 @@ def killed_and_resumed(tmp_path_factory):
         out,
     )
     proc = subprocess.Popen(cmd, env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:  # a mid-epoch backup: epoch 1 (0-based 0), after 3 of its 4 steps
-        wait_for(lambda: any(backup.glob("ckpt-00000-000003")), proc)
+    try:  # a mid-epoch backup: epoch 1 (0-based 0), after 3 of its 4 steps (global step 3);
+        # polled often: the next, after the epoch's last step and validation, replaces it
+        wait_for(lambda: backed_up_at(backup) == "mdtrain-ckpt-3", proc, poll_s=0.02)
     finally:
         proc.kill()
         proc.wait()
@@ -148,14 +159,13 @@ def _train_one_device(data, args, backup) -> subprocess.CompletedProcess:
 
 def test_corrupt_backup_is_reported_not_loaded(killed_and_resumed, tmp_path):
     backup = shutil.copytree(killed_and_resumed["backup"], tmp_path / "backup")
-    newest = sorted(backup.glob("ckpt-*"))[-1]
-    weights = newest / "net.weights.h5"
-    weights.write_bytes(weights.read_bytes()[:1000])  # truncated, as by a full disk
+    data = backup / f"{backed_up_at(backup)}.data-00000-of-00001"
+    data.write_bytes(data.read_bytes()[:1000])  # truncated, as by a full disk
     proc = _train_one_device(killed_and_resumed["data"], TRAIN_ARGS, backup)
     assert proc.returncode == 2, proc.stderr[-3000:]
     last = proc.stderr.strip().splitlines()[-1]
-    assert last.startswith("mdtrain: error: --backup-dir") and "corrupt or partial" in last
-    assert "net.weights.h5 fails its SHA-256 checksum" in last and "Traceback" not in proc.stderr
+    assert last.startswith("mdtrain: error: --backup-dir") and "Traceback" not in proc.stderr
+    assert "backup mdtrain-ckpt-3 is corrupt or partial" in last
 
 
 def test_backup_from_other_settings_is_refused(killed_and_resumed, tmp_path):
