@@ -29,11 +29,14 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 
 class PhaseClock:
     """Adds up the seconds of a run's named phases, in the order they first ran.
+
+    Args:
+        now: the clock, in seconds. Defaults to `time.perf_counter`.
 
     Example:
 
@@ -44,7 +47,8 @@ class PhaseClock:
     ['import']
     """
 
-    def __init__(self) -> None:
+    def __init__(self, now: Callable[[], float] = time.perf_counter) -> None:
+        self.now = now
         self._seconds: dict[str, float] = {}
 
     def add(self, name: str, seconds: float) -> None:
@@ -54,11 +58,11 @@ class PhaseClock:
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
         """Counts the time spent in the block for the phase `name`."""
-        start = time.perf_counter()
+        start = self.now()
         try:
             yield
         finally:
-            self.add(name, time.perf_counter() - start)
+            self.add(name, self.now() - start)
 
     def seconds(self) -> dict[str, float]:
         """A copy of the seconds so far, by phase."""
@@ -72,19 +76,19 @@ class PhaseClock:
         """
         import keras
 
-        start, marks = time.perf_counter(), {"validation": 0.0}
+        start, marks = self.now(), {"validation": 0.0}
 
         def batch_end(batch, logs=None):  # the first one ends the first call of the steps
-            marks.setdefault("first_step", time.perf_counter())
+            marks.setdefault("first_step", self.now())
 
         def test_begin(logs=None):
-            marks["test_begin"] = time.perf_counter()
+            marks["test_begin"] = self.now()
 
         def test_end(logs=None):
-            marks["validation"] += time.perf_counter() - marks["test_begin"]
+            marks["validation"] += self.now() - marks["test_begin"]
 
         def train_end(logs=None):
-            end = time.perf_counter()
+            end = self.now()
             first_end = marks.get("first_step", end)
             self.add("first_step", first_end - start)
             self.add("training", end - first_end - marks["validation"])

@@ -10,18 +10,17 @@ step is timed (`mdtrain.phases`). Light at import: TensorFlow loads in `train`.
 from __future__ import annotations
 
 import dataclasses
-import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from mdtrain.config import TrainConfig
 from mdtrain.errors import UsageError
-from mdtrain.plan import ResumePoint, Segment
+from mdtrain.phases import PhaseClock
+from mdtrain.plan import ResumePoint, Segment, plan_run
 
 if TYPE_CHECKING:  # modules that load TensorFlow: imported in `train`, timed
     from mdtrain.monitor import MonitorCallback
     from mdtrain.parts import RunParts
-    from mdtrain.phases import PhaseClock
 
 __all__ = ["TrainConfig", "TrainResult", "train"]
 
@@ -115,8 +114,6 @@ def train(config: TrainConfig, callbacks: list | None = None) -> TrainResult:
     >>> result.history[-1]["val_accuracy"]
     """
     config.validate()
-    from mdtrain.phases import PhaseClock
-
     clock = PhaseClock()
     with clock.phase("import"):  # TensorFlow (unless imported before), Keras, the run's modules
         from mdtrain.tf_import import import_tensorflow
@@ -147,7 +144,6 @@ def _resume(config: TrainConfig, parts: RunParts) -> tuple[ResumePoint, list[Seg
     """`(point, segments)`: where the run stands (the start, without a backup), what is left."""
     from mdtrain.backup import restore, resume_point
     from mdtrain.models import unfreeze_top
-    from mdtrain.plan import plan_run
 
     total = config.epochs + config.fine_tune_epochs
     point = resume_point(config.backup_dir, parts.fingerprint, parts.chief, say=parts.say)
@@ -300,12 +296,12 @@ def _write_outputs(
     """Writes the outputs; the result, its phases now with `outputs`, as report.json has them."""
     from mdtrain.outputs import write_outputs
 
-    started = time.perf_counter()
+    started = clock.now()
     finished = result
 
     def report() -> dict:  # written last: its phases hold the writing of the other files
         nonlocal finished
-        writing = {"outputs": time.perf_counter() - started}
+        writing = {"outputs": clock.now() - started}
         finished = dataclasses.replace(result, phases=clock.seconds() | writing)
         return finished.summary()
 
