@@ -106,7 +106,7 @@ def devices_and_strategy(strategy: str, seed: int) -> tf.distribute.Strategy:
     return made
 
 
-def data_and_inputs(config: TrainConfig, strategy: tf.distribute.Strategy):
+def data_and_inputs(config: TrainConfig, strategy: tf.distribute.Strategy) -> tuple[str, InputData]:
     """The data's folder, and its input pipeline batched for `strategy`'s replicas.
 
     `config.data` None is the demo dataset, created on first use.
@@ -131,7 +131,13 @@ def data_and_inputs(config: TrainConfig, strategy: tf.distribute.Strategy):
     return data_dir, inputs
 
 
-def describe(say, strategy, chief: bool, data_dir: str, inputs: InputData) -> None:
+def describe(
+    say: Callable[[str], None],
+    strategy: tf.distribute.Strategy,
+    chief: bool,
+    data_dir: str,
+    inputs: InputData,
+) -> None:
     """The run's first lines: the batch geometry, the data, where augmentation runs."""
     replicas = strategy.num_replicas_in_sync
     geometry = distribute.BatchGeometry(inputs.num_train, inputs.global_batch_size, replicas)
@@ -154,7 +160,11 @@ def describe(say, strategy, chief: bool, data_dir: str, inputs: InputData) -> No
 
 
 def model_and_trainer(
-    config: TrainConfig, strategy: tf.distribute.Strategy, splits: Splits, augment, say=print
+    config: TrainConfig,
+    strategy: tf.distribute.Strategy,
+    splits: Splits,
+    augment: AugmentPolicy | None,
+    say: Callable[[str], None] = print,
 ) -> tuple[ExactTrainer, str]:
     """`config`'s model in a built, uncompiled `ExactTrainer` under `strategy`; its dtype policy.
 
@@ -205,7 +215,7 @@ def segment_loop(
     trainer: ExactTrainer,
     inputs: InputData,
     verbose: int,
-    say,
+    say: Callable[[str], None],
 ) -> SegmentLoop:
     """The loop for `strategy`: `config.loop` where it can run, else the one that can."""
     if isinstance(strategy, tf.distribute.ParameterServerStrategy):
