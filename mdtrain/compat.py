@@ -4,6 +4,8 @@ Each use says why no public API does the job and cites the upstream issue.
 `check()` runs at import and raises `ImportError` naming what moved, so a
 Keras or TensorFlow release that renames one of these fails loudly at the
 first `import mdtrain.loop`, instead of training quietly with other numerics.
+The numerics built on them live beside the loop they serve
+(`mdtrain.trainer_hooks`); here are only the touches themselves.
 
 Importing this module changes nothing; `run_settings` changes TensorFlow
 inside `train` only.
@@ -23,10 +25,13 @@ from tensorflow.python.framework import config as tf_config
 
 from mdtrain.versions import TESTED
 
+# Each private name, and where it is used.
 _NEEDED = (
+    # overridden by `mdtrain.trainer_hooks.ExactFitHooks` (keras-team/keras#19246, #20585)
     (keras.Model, "_maybe_symbolic_build"),
     (keras.Model, "_symbolic_build"),
     (keras.Model, "make_train_function"),
+    # the functions below
     (tf.distribute.MirroredStrategy, "_collective_key_base"),
     (multi_device_iterator_ops, "_create_device_dataset"),
     (coordinator_values.RemoteValueImpl, "_copy_to_local"),
@@ -50,70 +55,6 @@ def check() -> None:
             f"TensorFlow {tf.__version__} no longer has; mdtrain is tested with Keras "
             f"{oldest} to {newest}"
         )
-
-
-class ExactFitHooks:
-    """Mixin for `mdtrain.loop.ExactTrainer`: the two places where Keras' `fit` is changed."""
-
-    # Keras 3's fit/evaluate build the model from a first-batch sample reduced across replicas
-    # with AddN, which fails when that batch splits unevenly (keras-team/keras#19246) and under
-    # MultiWorkerMirroredStrategy (keras-team/keras#20585). A net that knows its input shape
-    # needs no sample; `_symbolic_build` with no data then creates only the optimizer's and
-    # metrics' variables.
-    def _maybe_symbolic_build(self, iterator=None, data_batch=None):
-        with self.distribute_strategy.scope():
-            if not self.built and getattr(self.net, "inputs", None):
-                self.build(self.net.inputs[0].shape)  # a functional net knows its input
-            if not self.built:
-                return super()._maybe_symbolic_build(iterator, data_batch)
-            self._symbolic_build()
-
-    # Through the trainer's compiled steps `fit` ends with the weights of `custom_fit` (which
-    # multi-worker runs must use, keras-team/keras#20585) bit for bit. `make_train_function`
-    # is public but no documented hook: checked at import. Keras' last call of an epoch runs
-    # `steps_per_execution` steps even past `steps_per_epoch`, into the next epoch's batches
-    # (`InputData.train_epochs`): each call here stops at the epoch's end. Keras also counts
-    # N steps per call towards a dataset's known length and starts it over once they reach
-    # it, early: `fit` hides the length of epochs given back to back (`repeat()`: none known).
-    def make_train_function(self, force=False):
-        if self.train_function is not None and not force:
-            return self.train_function
-
-        def train_function(iterator):
-            epoch_steps, done = getattr(self, "_epoch_position", (None, 0))
-            steps = min(self.steps_per_execution, (epoch_steps or 1 << 62) - done)
-            self._epoch_position = (epoch_steps, (done + steps) % epoch_steps if epoch_steps else 0)
-            return self.train_steps(iterator, steps)  # StopIteration at the end ends the epoch
-
-        self.train_function = train_function
-        return train_function
-
-    def fit(self, x=None, *args, steps_per_epoch=None, **kwargs):
-        self._epoch_position = (steps_per_epoch, 0)  # steps per epoch, steps done in this one
-        known = isinstance(x, tf.data.Dataset) and int(x.cardinality()) >= 0  # a length to hide
-        if steps_per_epoch and self.steps_per_execution > 1 and known:
-            x = x.filter(lambda *batch: True)  # its cardinality unknown
-        return super().fit(x, *args, steps_per_epoch=steps_per_epoch, **kwargs)
-
-
-def skip_together(optimizer, gradients: list) -> list:
-    """`gradients`, made non-finite on every replica when any replica's are not finite."""
-    # Keras 3.15's `LossScaleOptimizer._tf_apply` (MirroredStrategy's merge call) reads replica
-    # 0's finite flag only ("`grads` is all-reduced", but the inner optimizer sums them later):
-    # an overflow on another replica reaches the weights as NaN; across workers each worker
-    # reads its own, and one that skips leaves the others' all-reduce waiting forever. No
-    # upstream issue yet: docs/numerics.md has the reproduction. An all-reduced flag, and a
-    # NaN added to one gradient where it is set, make Keras' own skip-and-halve run on every
-    # replica. Identity without loss scaling.
-    if not isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
-        return gradients
-    context = tf.distribute.get_replica_context()
-    unfinished = 1.0 - tf.cast(optimizer.check_finite(gradients), tf.float32)
-    if context is not None and context.num_replicas_in_sync > 1:
-        unfinished = context.all_reduce(tf.distribute.ReduceOp.SUM, unfinished)
-    first = next(i for i, g in enumerate(gradients) if g is not None)
-    poison = tf.where(unfinished > 0, float("nan"), 0.0)
-    return [g + tf.cast(poison, g.dtype) if i == first else g for i, g in enumerate(gradients)]
 
 
 def op_determinism_enabled() -> bool:

@@ -24,8 +24,9 @@ import keras
 import tensorflow as tf
 
 from mdtrain.augment import apply_packed
-from mdtrain.compat import ExactFitHooks, op_determinism_enabled, skip_together
+from mdtrain.compat import op_determinism_enabled
 from mdtrain.norm import all_reduce_sum, example_weights
+from mdtrain.trainer_hooks import ExactFitHooks, skip_together
 
 
 def global_example_count(local_batch_size) -> tf.Tensor:
@@ -155,7 +156,7 @@ class ExactTrainer(ExactFitHooks, keras.Model):
     bit for bit. After each call `last_step` holds its real global examples
     (right for a partial batch and after a mid-epoch resume) and the seconds
     it waited for batches; `mdtrain.monitor` reads it. Under mixed float16 an
-    overflow on any replica skips the step on all (`compat.skip_together`).
+    overflow on any replica skips the step on all (`trainer_hooks.skip_together`).
 
     Args:
         net: the classifier (images in, class probabilities out).

@@ -364,19 +364,6 @@ class InputData:
         return train, strategy.distribute_datasets_from_function(self._val_batches)
 
 
-def input_data_for(config, splits: Splits, global_batch_size: int, **overrides) -> InputData:
-    """The `InputData` of a `TrainConfig`: its seed, augmentation and cache, except `overrides`."""
-    arguments = dict(
-        seed=config.seed,
-        augment=AugmentPolicy() if config.augment else None,
-        augment_in=config.augment_place or "pipeline",
-        cache=config.cache,
-        cache_dir=config.cache_dir,
-        deterministic=config.deterministic,
-    )
-    return InputData(splits, config.resolved_image_size, global_batch_size, **arguments | overrides)
-
-
 def _local(context) -> int:
     """The replicas of the worker of `context` (a `tf.distribute.InputContext`)."""
     return context.num_replicas_in_sync // context.num_input_pipelines

@@ -1,19 +1,26 @@
 """`train(config)`: the whole training run that `mdtrain train` and the notebooks use.
 
-Devices → data → strategy → model → (fine-tuning) → outputs; this module
-wires the other modules together and writes the results.
+The controller: setup (`mdtrain.parts`: devices and strategy, data and input
+pipeline, model and trainer, the loop) → restore (where a backup says the run
+stands, and `mdtrain.plan`'s segments from there) → segments (each carried out
+by the loop, `mdtrain.segment_loops`) → outputs (`mdtrain.outputs`). Every
+step is timed (`mdtrain.phases`). Light at import: TensorFlow loads in `train`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
-import tempfile
 from dataclasses import dataclass, field
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 from mdtrain.config import TrainConfig
 from mdtrain.errors import UsageError
+from mdtrain.phases import PhaseClock
+from mdtrain.plan import ResumePoint, Segment, plan_run
+
+if TYPE_CHECKING:  # modules that load TensorFlow: imported in `train`, timed
+    from mdtrain.monitor import MonitorCallback
+    from mdtrain.parts import RunParts
 
 __all__ = ["TrainConfig", "TrainResult", "train"]
 
@@ -27,7 +34,8 @@ class TrainResult:
     workers together, and `ps_log` holds the finer loss curve: a point every
     `TrainConfig.log_every` steps and at each epoch's end (`steps`, `loss`,
     `accuracy`, `seconds`, `learning_rate`), and the run's `scheduled`,
-    `completed` and `examples` counts, `num_workers` and `num_ps`.
+    `completed` and `examples` counts, `num_workers` and `num_ps`. `phases`
+    holds the seconds of each phase of the run, in order (`mdtrain.phases`).
     """
 
     config: TrainConfig
@@ -47,6 +55,7 @@ class TrainResult:
     ps_log: dict | None = None  # parameter-server training's loss curve (see above)
     precision: str = "float32"  # the Keras dtype policy the model computed in
     monitor_chart: bytes | None = field(repr=False, default=None)  # the chief's, as a PNG
+    phases: dict[str, float] = field(default_factory=dict)  # seconds by phase (`mdtrain.phases`)
 
     def summary(self) -> dict:
         summary = {
@@ -64,6 +73,7 @@ class TrainResult:
             "augment_in": self.augment_in,
             "precision": self.precision,
             "config": dataclasses.asdict(self.config),
+            "phases": {name: round(seconds, 3) for name, seconds in self.phases.items()},
         }
         if self.ps_log is not None:
             summary["ps_log"] = self.ps_log
@@ -104,333 +114,203 @@ def train(config: TrainConfig, callbacks: list | None = None) -> TrainResult:
     >>> result.history[-1]["val_accuracy"]
     """
     config.validate()
-    from mdtrain.compat import run_settings
+    clock = PhaseClock()
+    with clock.phase("import"):  # TensorFlow (unless imported before), Keras, the run's modules
+        from mdtrain.tf_import import import_tensorflow
+
+        import_tensorflow()
+        from mdtrain.compat import run_settings
+        from mdtrain.parts import set_up
 
     with run_settings(config.deterministic):
-        run = _Run(config)
-        result = run.execute(callbacks or [])
+        parts = set_up(config, clock)
+        with clock.phase("restore"):
+            point, segments = _resume(config, parts)
+        monitor = _make_monitor(config, parts)
+        callbacks = [*(callbacks or []), *_heartbeat(parts), monitor]
+        with monitor.run():  # one run's figures across phases and resume segments
+            history, ps_log = _run_segments(config, parts, point, segments, callbacks, clock)
+        result = _result(config, parts, history, ps_log, monitor, clock)
     if config.output:
-        write_outputs(
-            config.output,
-            result.model,
-            result.history,
-            result.summary(),
-            run.chief,
-            result.monitor_chart,
-        )
-    if config.backup_dir and run.chief:  # finished: the outputs now hold the result
+        result = _write_outputs(config, parts, result, clock)
+    if config.backup_dir and parts.chief:  # finished: the outputs now hold the result
         from mdtrain.backup import remove_backups
 
         remove_backups(config.backup_dir)
     return result
 
 
-def new_trainer(config: TrainConfig, splits, augment=None, dtype=None):
-    """`config`'s model in an uncompiled `ExactTrainer`, dtype policy `dtype`; in the scope."""
-    from mdtrain.imbalance import class_weights_for
-    from mdtrain.loop import ExactTrainer
-    from mdtrain.models import build_model
+def _resume(config: TrainConfig, parts: RunParts) -> tuple[ResumePoint, list[Segment]]:
+    """`(point, segments)`: where the run stands (the start, without a backup), what is left."""
+    from mdtrain.backup import restore, resume_point
+    from mdtrain.models import unfreeze_top
 
-    classes = splits.class_names
-    class_weights = class_weights_for(config.class_weight, splits.train.counts(len(classes)))
-    net = build_model(
-        config.model,
-        len(classes),
-        config.resolved_image_size,
-        config.weights,
-        config.dropout,
-        config.batch_norm,
-        dtype,
+    total = config.epochs + config.fine_tune_epochs
+    point = resume_point(config.backup_dir, parts.fingerprint, parts.chief, say=parts.say)
+    if point.epoch > total:
+        raise UsageError(
+            f"--backup-dir {config.backup_dir}: its backup is at epoch {point.epoch}, past "
+            f"this run's {total}; use the same --epochs, or another --backup-dir"
+        )
+    segments = plan_run(
+        config.epochs,
+        config.fine_tune_epochs,
+        config.learning_rate,
+        parts.inputs.steps_per_epoch,
+        point,
+        config.warmup_epochs,
     )
-    # The trainer's policy too: under mixed_float16 its `compile` adds loss scaling.
-    return ExactTrainer(net, class_weights, augment=augment, dtype=dtype)
+    if not segments and point.path is not None:  # a backup at the very end of the run
+        parts.say("the backup is at the end of the run: its weights are the result")
+        if point.phase == 1:  # the layers fine-tuning unfroze, as the run left them
+            with parts.strategy.scope():
+                unfreeze_top(parts.trainer.net)
+        restore(parts.trainer, point, with_optimizer=False)
+    return point, segments
 
 
-class _Run:
-    """The runner: sets a run up, then carries out its plan (`mdtrain.plan`) segment by segment."""
+def _make_monitor(config: TrainConfig, parts: RunParts) -> MonitorCallback:
+    """The run's monitor: one for all its segments; it shows on the chief only."""
+    from mdtrain.monitor import make_monitor
 
-    def __init__(self, config: TrainConfig):
-        from mdtrain import distribute
+    return make_monitor(
+        parts.inputs.global_batch_size,
+        epochs=config.epochs + config.fine_tune_epochs,
+        steps_per_epoch=parts.inputs.steps_per_epoch,
+        display=config.monitor if parts.chief else "none",
+        augments_on_device=config.augment_place == "model",
+    )
 
-        distribute.configure_devices(config.strategy)
-        import keras
 
-        from mdtrain.data import load_splits
-        from mdtrain.pipeline import input_data_for
-        from mdtrain.sources import ensure_demo_dataset
+def _heartbeat(parts: RunParts) -> list:
+    """A progress line when an epoch runs long, if a launcher asked (`mdtrain.heartbeat`)."""
+    from mdtrain.heartbeat import heartbeat_from_env
 
-        self.strategy = distribute.make_strategy(config.strategy)  # first: multi-worker setup
-        keras.utils.set_random_seed(config.seed)  # op determinism: `train`'s run_settings
-        self.chief = distribute.is_chief(self.strategy)
-        self.config = config if self.chief else dataclasses.replace(config, verbose=0)
-        self.augment_in = config.augment_place
-        self.replicas = self.strategy.num_replicas_in_sync
-        # data=None: the demo dataset, created on first use
-        self.data_dir = config.data if config.data is not None else str(ensure_demo_dataset())
-        self.splits = load_splits(
-            self.data_dir, config.val_data, config.validation_split, config.seed
-        )
-        global_batch = distribute.resolve_global_batch_size(
-            self.replicas, config.batch_size_per_replica, config.global_batch_size
-        )
-        task = distribute.task_name(self.strategy)  # each worker's own disk cache
-        self.inputs = input_data_for(config, self.splits, global_batch, cache_task=task)
-        # What gives a saved position its meaning; a backup made under other values is refused.
-        # (A disk cache orders later epochs differently from memory or streaming.)
-        self.fingerprint = dict(
-            model=config.model,
-            image_size=config.resolved_image_size,
-            class_names=self.splits.class_names,
-            seed=config.seed,
-            num_train=self.inputs.num_train,
-            global_batch_size=global_batch,
-            disk_cache=self.inputs.cache_mode == "disk",
-        )
-        self.geometry = distribute.BatchGeometry(self.inputs.num_train, global_batch, self.replicas)
-        if not self.chief:  # every worker prints its geometry; only the chief reports progress
-            worker = distribute.task_id(self.strategy)
-            print(f"worker {worker}: {self.geometry.describe()}", flush=True)
-        self.loop = self._choose_loop()
-        self.ps_log = None  # filled by parameter-server training's loop
-        self.ps_cluster = None  # `num_workers` and `num_ps` under parameter servers
-        if self.loop == "ps":
-            from mdtrain.ps.loop import cluster_size
+    return heartbeat_from_env() if parts.verbose else []  # verbose: the chief's
 
-            self.ps_cluster = cluster_size()
-        self._describe()
-        self.trainer = self._build_trainer()
 
-    def _choose_loop(self) -> str:
-        import tensorflow as tf
+def _run_segments(
+    config: TrainConfig,
+    parts: RunParts,
+    point: ResumePoint,
+    segments: list[Segment],
+    callbacks: list,
+    clock: PhaseClock,
+) -> tuple[list[dict[str, float]], dict | None]:
+    """Carries out the plan's segments; `(history, ps_log)`: the run's rows, the loop's log."""
+    from mdtrain.backup import restore
 
-        if isinstance(self.strategy, tf.distribute.ParameterServerStrategy):
-            return "ps"  # the coordinator's loop: Keras 3's fit cannot (keras-team/keras#18624)
-        if self.config.loop == "fit" and isinstance(
-            self.strategy, tf.distribute.MultiWorkerMirroredStrategy
-        ):
-            # Keras 3's fit reduces a sample batch across workers before training and fails
-            # under this strategy (keras-team/keras#20585); the custom loop has the same numerics.
-            self._say("multi-worker: using the custom training loop (Keras 3's fit fails here)")
-            return "custom"
-        return self.config.loop
-
-    def _describe(self) -> None:
-        splits, inputs = self.splits, self.inputs
-        self._say(
-            f"strategy {type(self.strategy).__name__} with {self.replicas} replica(s): "
-            f"{self.geometry.describe()}"
-        )
-        if self.loop == "ps":
-            size, steps = self.ps_cluster, self.config.epochs * inputs.steps_per_epoch
-            self._say(
-                f"parameter-server training: {size['num_workers']} worker(s), "
-                f"{size['num_ps']} ps; {steps} steps of {inputs.global_batch_size} "
-                "examples, asynchronous"
-            )
-        self._say(
-            f"data {self.data_dir}: {len(splits.class_names)} classes, {inputs.num_train} "
-            f"train, {inputs.num_val} validation, {len(splits.skipped)} unreadable "
-            "file(s) skipped"
-        )
-        for s in splits.skipped[:10]:
-            self._say(f"  skipped {s.path}: {s.reason}")
-        if self.augment_in == "model":  # `TrainConfig.augment_place`
-            self._say(
-                "augmentation: drawn by the input pipeline, applied in the training step "
-                "on each replica's device"
-            )
-
-    def _build_trainer(self):
-        from mdtrain import precision
-
-        config, size = self.config, self.config.resolved_image_size
-        devices = precision.strategy_devices(self.strategy) if config.mixed_precision else []
-        self.precision = precision.choose_policy(config.mixed_precision, devices)
-        if devices:
-            self._say(precision.describe_policy(self.precision, devices))
-        with self.strategy.scope():
-            augment = self.inputs.augment if self.augment_in == "model" else None
-            trainer = new_trainer(config, self.splits, augment, self.precision)
-            trainer.build((None, size, size, 3))
-            if config.deterministic:  # refused before training, not at its first step
-                net = trainer.net
-                trained = net.weights if config.fine_tune_epochs else net.trainable_weights
-                precision.check_deterministic(self.strategy, net, size, trained)
-        return trainer
-
-    def execute(self, callbacks: list) -> TrainResult:
-        from mdtrain.backup import restore, resume_point
-        from mdtrain.heartbeat import heartbeat_from_env
-        from mdtrain.models import unfreeze_top
-        from mdtrain.monitor import make_monitor
-        from mdtrain.plan import plan_run
-
-        config, inputs = self.config, self.inputs
-        total = config.epochs + config.fine_tune_epochs
-        monitor = make_monitor(
-            inputs.global_batch_size,
-            epochs=total,
-            steps_per_epoch=inputs.steps_per_epoch,
-            display=config.monitor if self.chief else "none",
-            augments_on_device=self.augment_in == "model",
-        )
-        # Where the backup says the run stands (the start without one); refuses one too far.
-        point = resume_point(config.backup_dir, self.fingerprint, self.chief, say=self._say)
-        if point.epoch > total:
-            raise UsageError(
-                f"--backup-dir {config.backup_dir}: its backup is at epoch {point.epoch}, past "
-                f"this run's {total}; use the same --epochs, or another --backup-dir"
-            )
-        segments = plan_run(
-            config.epochs,
-            config.fine_tune_epochs,
-            config.learning_rate,
-            inputs.steps_per_epoch,
-            point,
-            config.warmup_epochs,
-        )
-        if not segments and point.path is not None:  # a backup at the very end of the run
-            self._say("the backup is at the end of the run: its weights are the result")
-            if point.phase == 1:  # the layers fine-tuning unfroze, as the run left them
-                with self.strategy.scope():
-                    unfreeze_top(self.trainer.net)
-            restore(self.trainer, point, with_optimizer=False)
-        history = list(point.history)  # the epochs before the backup, as that run saw them
-        if self.chief and config.verbose:  # under `mdtrain launch`: slow is not stuck
-            callbacks = [*callbacks, *heartbeat_from_env()]
-        with monitor.run():  # one run's figures across phases and resume segments
-            for segment in segments:
-                history += self._run_segment(segment, point, [*callbacks, monitor], history)
-        summary = monitor.summary()
-        # Drawn only for --output: what a notebook shows of a run in other processes.
-        keep_chart = self.chief and config.monitor != "none" and bool(config.output)
-        return TrainResult(
-            config=config,
-            replicas=self.replicas,
-            global_batch_size=inputs.global_batch_size,
-            num_train=inputs.num_train,
-            num_val=inputs.num_val,
-            class_names=self.splits.class_names,
-            history=history,
-            images_per_sec=float(summary.images_per_sec or 0.0),
-            skipped_files=[vars(s) for s in self.splits.skipped],
-            output=config.output,
-            model=self.trainer.net,
-            monitor_summary=summary.to_dict(),
-            is_chief=self.chief,
-            augment_in=self.augment_in,
-            ps_log=self.ps_log,
-            precision=self.precision,
-            monitor_chart=monitor.chart_png(dpi=100) if keep_chart else None,
-        )
-
-    def _say(self, text: str) -> None:
-        if self.config.verbose:  # 0 on every worker but the chief
-            print(text, flush=True)
-
-    def _start_phase(self, segment) -> None:
-        import keras
-
-        from mdtrain.models import unfreeze_top
-
-        with self.strategy.scope():
-            if segment.phase == 1:  # fine-tuning
-                n = unfreeze_top(self.trainer.net)
-                self._say(
-                    f"fine-tuning: {n} top layers of the base unfrozen, "
-                    f"learning rate {segment.learning_rate:g}"
-                )
-            self.schedule = segment.schedule()
-            # Under parameter servers a float rate, which the coordinator sets (`mdtrain.ps`).
-            rate = segment.learning_rate if self.loop == "ps" else self.schedule
-            self.trainer.compile(
-                optimizer=keras.optimizers.Adam(rate),
-                steps_per_execution=self.config.resolved_steps_per_execution,
-            )
-
-    def _run_segment(self, segment, point, callbacks: list, history) -> list[dict[str, float]]:
-        """Runs one segment of the plan after the epochs of `history`; returns its rows."""
-        from mdtrain.backup import Backup, restore
-        from mdtrain.history import history_rows
-        from mdtrain.loop import custom_fit
-
-        config, inputs = self.config, self.inputs
+    history = list(point.history)  # the epochs before the backup, as that run saw them
+    ps_log = None
+    for segment in segments:
         if segment.starts_phase:
-            self._start_phase(segment)
+            _start_phase(parts, segment, config.resolved_steps_per_execution)
         if segment.restore:
-            restore(self.trainer, point, with_optimizer=segment.restore_optimizer)
-        if config.backup_dir:
-            callbacks = [
-                *callbacks,
-                Backup(
-                    config.backup_dir,
-                    self.fingerprint,
-                    segment.phase,
-                    inputs.steps_per_epoch,
-                    config.backup_every_steps,
-                    step_offset=segment.skip_steps,
-                    write=self.chief,
-                    history=history,
-                    resumed_from=point.path,
-                ),
-            ]
-        run = dict(
-            epochs=segment.last_epoch,
-            initial_epoch=segment.first_epoch,
-            steps_per_epoch=inputs.steps_per_epoch - segment.skip_steps,
-            callbacks=callbacks,
-            verbose=config.verbose,
-        )
-        if self.loop == "ps":  # each worker builds its own batches
-            from mdtrain.ps.loop import coordinator_fit, worker_dataset_fn
-
-            batches = worker_dataset_fn(config, self.splits, inputs.global_batch_size)
-            hist, self.ps_log = coordinator_fit(
-                self.trainer,
-                self.strategy,
-                batches,
-                val_ds=inputs.val_ds,
-                learning_rate=self.schedule,
-                log_every=config.log_every,
-                **run,
-            )
-            self.ps_log |= self.ps_cluster
-            return history_rows(hist)
-        epochs = (segment.first_epoch, segment.last_epoch, segment.skip_steps)
-        if self.loop == "fit":  # shuffle=False: the dataset is shuffled already, per epoch
-            train_ds = inputs.train_epochs(*epochs)
-            hist = self.trainer.fit(train_ds, validation_data=inputs.val_ds, shuffle=False, **run)
-        else:  # several workers: each decodes only its replicas' slices
-            train_ds, val_ds = inputs.for_strategy(self.strategy, *epochs)
-            hist = custom_fit(self.trainer, self.strategy, train_ds, val_ds=val_ds, **run)
-        return history_rows(hist)
+            with clock.phase("restore"):
+                restore(parts.trainer, point, with_optimizer=segment.restore_optimizer)
+        backups = _backups(config, parts, segment, point, history)
+        run = parts.loop(segment, [clock.segment_timer(), *callbacks, *backups])
+        history += run.history
+        ps_log = run.log if run.log is not None else ps_log
+    return history, ps_log
 
 
-def write_outputs(output, net, history, report: dict, chief: bool = True, chart=None) -> None:
-    """Writes `model.keras`, `history.json`, `report.json` and a `chart` (`monitor.png`)."""
+def _start_phase(parts: RunParts, segment: Segment, steps_per_execution: int) -> None:
+    """A fresh optimizer for the segment's phase; fine-tuning first unfreezes the base's top."""
     import keras
 
-    from mdtrain.norm import swap_batch_norm
+    from mdtrain.models import unfreeze_top
 
-    def save(out: Path) -> None:
-        # Keras' own BatchNormalization (the same at inference): loads without mdtrain.
-        swap_batch_norm(net, keras.layers.BatchNormalization).save(out / "model.keras")
-        (out / "history.json").write_text(json.dumps(history, indent=1))
-        (out / "report.json").write_text(json.dumps(report, indent=1))
-        if chart is not None:  # the monitor's chart, as PNG bytes
-            (out / "monitor.png").write_bytes(chart)
+    with parts.strategy.scope():
+        if segment.phase == 1:  # fine-tuning
+            unfrozen = unfreeze_top(parts.trainer.net)
+            parts.say(
+                f"fine-tuning: {unfrozen} top layers of the base unfrozen, "
+                f"learning rate {segment.learning_rate:g}"
+            )
+        parts.trainer.compile(
+            optimizer=keras.optimizers.Adam(parts.loop.learning_rate(segment)),
+            steps_per_execution=steps_per_execution,
+        )
 
-    if not chief:  # saving can involve collectives: other workers save into a temporary folder
-        scratch = tempfile.TemporaryDirectory(prefix="mdtrain-worker-", ignore_cleanup_errors=True)
-        with scratch as out:
-            return save(Path(out))
-    try:
-        Path(output).mkdir(parents=True, exist_ok=True)
-        save(Path(output))
-    except OSError as e:  # to a new temporary folder, named in the error
-        rescue = Path(tempfile.mkdtemp(prefix="mdtrain-run-"))
-        save(rescue)
-        raise UsageError(
-            f"--output {output}: cannot write ({e.strerror or e}); "
-            f"the run's outputs were saved to {rescue} instead"
-        ) from None
+
+def _backups(
+    config: TrainConfig, parts: RunParts, segment: Segment, point: ResumePoint, history: list
+) -> list:
+    """The segment's `Backup` callback, with `--backup-dir`; else none."""
+    from mdtrain.backup import Backup
+
+    if not config.backup_dir:
+        return []
+    backup = Backup(
+        config.backup_dir,
+        parts.fingerprint,
+        segment.phase,
+        parts.inputs.steps_per_epoch,
+        config.backup_every_steps,
+        step_offset=segment.skip_steps,
+        write=parts.chief,
+        history=history,
+        resumed_from=point.path,
+    )
+    return [backup]
+
+
+def _result(
+    config: TrainConfig,
+    parts: RunParts,
+    history: list[dict[str, float]],
+    ps_log: dict | None,
+    monitor: MonitorCallback,
+    clock: PhaseClock,
+) -> TrainResult:
+    """What the run produced, its phases so far."""
+    summary = monitor.summary()
+    # Drawn only for --output: what a notebook shows of a run in other processes.
+    keep_chart = parts.chief and config.monitor != "none" and bool(config.output)
+    return TrainResult(
+        config=config,
+        replicas=parts.replicas,
+        global_batch_size=parts.inputs.global_batch_size,
+        num_train=parts.inputs.num_train,
+        num_val=parts.inputs.num_val,
+        class_names=parts.splits.class_names,
+        history=history,
+        images_per_sec=float(summary.images_per_sec or 0.0),
+        skipped_files=[vars(skipped) for skipped in parts.splits.skipped],
+        output=config.output,
+        model=parts.trainer.net,
+        monitor_summary=summary.to_dict(),
+        is_chief=parts.chief,
+        augment_in=config.augment_place,
+        ps_log=ps_log,
+        precision=parts.precision,
+        monitor_chart=monitor.chart_png(dpi=100) if keep_chart else None,
+        phases=clock.seconds(),
+    )
+
+
+def _write_outputs(
+    config: TrainConfig, parts: RunParts, result: TrainResult, clock: PhaseClock
+) -> TrainResult:
+    """Writes the outputs; the result, its phases now with `outputs`, as report.json has them."""
+    from mdtrain.outputs import write_outputs
+
+    started = clock.now()
+    finished = result
+
+    def report() -> dict:  # written last: its phases hold the writing of the other files
+        nonlocal finished
+        writing = {"outputs": clock.now() - started}
+        finished = dataclasses.replace(result, phases=clock.seconds() | writing)
+        return finished.summary()
+
+    write_outputs(
+        config.output,
+        result.model,
+        result.history,
+        report,
+        parts.chief,
+        result.monitor_chart,
+    )
+    return finished

@@ -82,7 +82,14 @@ def test_train_on_messy_data_with_two_replicas(messy_dataset, tmp_path):
     for name in ("model.keras", "history.json", "report.json"):
         assert (out / name).is_file()
     assert not (out / "monitor.png").exists()  # --monitor none: no chart
-    assert json.loads((out / "report.json").read_text())["replicas"] == 2
+    report = json.loads((out / "report.json").read_text())
+    assert report["replicas"] == 2
+    # Where the run's time went, phase by phase, the same in report.json (`mdtrain.phases`).
+    phases = summary["phases"]
+    assert list(phases) == ["import", "devices", "data_scan", "model", "restore",
+                            "first_step", "training", "validation", "outputs"]  # fmt: skip
+    assert all(seconds >= 0 for seconds in phases.values())
+    assert report["phases"] == phases
 
     # The same --output again must not overwrite what the first run left.
     before = (out / "model.keras").read_bytes()

@@ -21,9 +21,11 @@ def test_auto_class_weights_are_balanced_and_none_is_none():
 
 def test_auto_class_weights_reach_the_trainer(tiny_dataset):
     """`TrainConfig(class_weight="auto")` hands the training set's balanced weights to the step."""
+    import tensorflow as tf
+
     from mdtrain.config import TrainConfig
     from mdtrain.data import ImageList, Splits, load_splits
-    from mdtrain.training import new_trainer
+    from mdtrain.parts import model_and_trainer
 
     splits = load_splits(tiny_dataset, check_decoding=False)
     labels = np.asarray(splits.train.labels)
@@ -31,10 +33,13 @@ def test_auto_class_weights_reach_the_trainer(tiny_dataset):
     train = ImageList([splits.train.files[i] for i in keep], labels[keep].tolist())
     imbalanced = Splits(train, splits.val, splits.class_names, splits.skipped)
 
-    trainer = new_trainer(TrainConfig(class_weight="auto"), imbalanced)
-    np.testing.assert_allclose(trainer.class_weights.numpy(), [14 / 24, 14 / 12, 14 / 6],
+    def trainer(class_weight: str):
+        config = TrainConfig(class_weight=class_weight)
+        return model_and_trainer(config, tf.distribute.get_strategy(), imbalanced, None)[0]
+
+    np.testing.assert_allclose(trainer("auto").class_weights.numpy(), [14 / 24, 14 / 12, 14 / 6],
                                rtol=1e-6)  # fmt: skip
-    assert new_trainer(TrainConfig(class_weight="none"), imbalanced).class_weights is None
+    assert trainer("none").class_weights is None
 
 
 def _train_tiny(strategy, batches, class_weights, exact: bool, optimizer) -> list[np.ndarray]:

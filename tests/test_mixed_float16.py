@@ -5,7 +5,7 @@ Real float16 arithmetic (TensorFlow runs it on the CPU) under `mixed_float16`, w
 multiplies replica 1's logits past float16's largest value (65504), so only that replica's
 gradients are not finite. mdtrain's step skips the update everywhere and halves the scale;
 Keras 3.15's own `fit` reads replica 0's verdict only and writes NaN into the weights
-(`mdtrain.compat.skip_together`, docs/numerics.md).
+(`mdtrain.trainer_hooks.skip_together`, docs/numerics.md).
 """
 
 from __future__ import annotations
@@ -97,7 +97,7 @@ def test_keras_own_fit_loses_the_weights_on_an_overflow_on_replica_1():
     """Keras 3.15's bug, kept in view: when this test fails, Keras decides on every replica."""
     _, after, scale = _one_step("keras", replica=1)
     fixed = all(np.isfinite(w).all() for w in after) and scale == SCALE / 2
-    assert not fixed, "Keras fixed it: drop the workaround (mdtrain.compat.skip_together)"
+    assert not fixed, "Keras fixed it: drop the workaround (mdtrain.trainer_hooks.skip_together)"
     assert not np.isfinite(after[0]).all() and scale == SCALE
 
 

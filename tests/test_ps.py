@@ -136,12 +136,13 @@ def test_each_worker_draws_new_transforms_every_epoch(tiny_dataset):
     import tensorflow as tf
 
     from mdtrain.data import load_splits
+    from mdtrain.pipeline import InputData
     from mdtrain.ps.loop import worker_dataset_fn
 
-    config = TrainConfig(data=str(tiny_dataset), epochs=2, image_size=32)  # seed 0
-    splits = load_splits(config.data, config.val_data, config.validation_split, config.seed)
-    keras.utils.set_random_seed(config.seed)
-    build = tf.function(worker_dataset_fn(config, splits, 8)).get_concrete_function()
+    splits = load_splits(str(tiny_dataset))
+    keras.utils.set_random_seed(0)
+    inputs = InputData(splits, 32, 8, seed=0, augment_in="model")  # `mdtrain train`'s default
+    build = tf.function(worker_dataset_fn(inputs, epochs=2)).get_concrete_function()
     steps = -(-len(splits.train) // 8)
     worker_1 = _epochs_of_transforms(build(), steps, 2)
     worker_2 = _epochs_of_transforms(build(), steps, 2)
@@ -351,7 +352,7 @@ def test_outputs_that_cannot_be_written_are_saved_elsewhere(tmp_path, monkeypatc
 
     import keras
 
-    from mdtrain.training import write_outputs
+    from mdtrain.outputs import write_outputs
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the rescue folder goes here
     (tmp_path / "taken").write_text("a file where the output folder should go")

@@ -1,12 +1,14 @@
 """Parameter-server training's loop on the chief: the coordinator's asynchronous steps.
 
-`mdtrain.training.train` runs it instead of `fit` or `custom_fit`: Keras 3's
+`mdtrain.training.train` runs it instead of `fit` or `custom_fit`
+(`mdtrain.segment_loops.ParameterServerLoop`): Keras 3's
 `fit` does not support parameter servers (keras-team/keras#18624) and fails
 asking for `create_per_worker_dataset`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import keras
@@ -15,6 +17,7 @@ import tensorflow as tf
 
 from mdtrain.compat import one_result_copy_at_a_time
 from mdtrain.loop import StepStats, build_optimizer, metric_logs
+from mdtrain.pipeline import InputData
 
 
 @one_result_copy_at_a_time()
@@ -136,9 +139,18 @@ def cluster_size() -> dict[str, int]:
     return {"num_workers": len(cluster.get("worker", [])), "num_ps": len(cluster.get("ps", []))}
 
 
-def worker_dataset_fn(config, splits, global_batch_size: int):
-    """The function every worker builds its batches with: the run's `InputData`, its own seed."""
-    from mdtrain.pipeline import input_data_for
+def worker_dataset_fn(inputs: InputData, epochs: int):
+    """The function every worker builds its batches with: the run's `inputs`, its own seed.
+
+    Args:
+        inputs: the run's `InputData` on the chief; each worker builds its
+            like, from its own random stream, cached in its own memory.
+        epochs: the training epochs the workers' datasets hold, back to back.
+
+    Returns:
+        A function of no arguments returning a dataset, for
+        `ClusterCoordinator.create_per_worker_dataset`.
+    """
 
     def dataset_fn():
         # Built on each worker from ONE function traced on the chief: no worker number
@@ -148,12 +160,12 @@ def worker_dataset_fn(config, splits, global_batch_size: int):
         stream = tf.cast(tf.timestamp() * 1e6, tf.int64) % 2**31  # microseconds
         # tf.data compares a tensor seed with 0 in Python when the graph's seed is 0 (the
         # default --seed) and fails (tensorflow/tensorflow#17284): this graph gets its own.
-        tf.random.set_seed(config.seed + 1)
+        tf.random.set_seed(inputs.seed + 1)
         # In each worker's memory: a disk cache would be one set of files for all.
-        cache = "none" if config.cache == "none" else "memory"
-        inputs = input_data_for(config, splits, global_batch_size, seed=stream, cache=cache)
+        cache = "none" if inputs.cache == "none" else "memory"
+        worker_inputs = dataclasses.replace(inputs, seed=stream, cache=cache)
         # The run's epochs, each its own shuffle and transforms; repeated in case a worker
         # takes over the steps of one that was lost.
-        return inputs.train_epochs(0, config.epochs).repeat()
+        return worker_inputs.train_epochs(0, epochs).repeat()
 
     return dataset_fn

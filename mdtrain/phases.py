@@ -1,0 +1,102 @@
+"""Where a run's wall time goes: the seconds of each of its phases, measured.
+
+`mdtrain.training.train` times its phases on one clock (`time.perf_counter`)
+and reports them in `TrainResult.phases`, the `--json` line and report.json:
+
+- `import`: TensorFlow, Keras and mdtrain's modules that use them (near 0
+  when they are imported already, as in a notebook's second run); the
+  interpreter's own start and `import mdtrain` (no TensorFlow) come before
+  `train` and are not counted;
+- `devices`: the devices configured and the strategy made;
+- `data_scan`: the image files found, checked (each decoded once) and split,
+  and the input pipeline built;
+- `model`: the model built in the strategy's scope;
+- `restore`: the backup found and loaded (near 0 without one);
+- `first_step`: each segment's first call of the compiled steps, from its
+  start: its datasets made, the step traced and compiled, its first batches
+  decoded, and its `steps_per_execution` steps;
+- `training`: the other steps, epoch boundaries and backups included;
+- `validation`: the validation passes (the first one traces its step);
+- `outputs`: `model.keras`, `history.json` and the monitor's chart written
+  (report.json, written last, holds this figure).
+
+Decoding and caching the images is no phase of its own: the first epoch
+decodes and fills the cache while it trains, so its cost is inside
+`first_step` and `training`, where the monitor's input wait shows it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterator
+
+
+class PhaseClock:
+    """Adds up the seconds of a run's named phases, in the order they first ran.
+
+    Args:
+        now: the clock, in seconds. Defaults to `time.perf_counter`.
+
+    Example:
+
+    >>> clock = PhaseClock()
+    >>> with clock.phase("import"):
+    ...     import json
+    >>> list(clock.seconds())
+    ['import']
+    """
+
+    def __init__(self, now: Callable[[], float] = time.perf_counter) -> None:
+        self.now = now
+        self._seconds: dict[str, float] = {}
+
+    def add(self, name: str, seconds: float) -> None:
+        """Counts `seconds` more for the phase `name`."""
+        self._seconds[name] = self._seconds.get(name, 0.0) + seconds
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        """Counts the time spent in the block for the phase `name`."""
+        start = self.now()
+        try:
+            yield
+        finally:
+            self.add(name, self.now() - start)
+
+    def seconds(self) -> dict[str, float]:
+        """A copy of the seconds so far, by phase."""
+        return dict(self._seconds)
+
+    def segment_timer(self):
+        """A Keras callback that splits one loop call into `first_step`, `training`, `validation`.
+
+        Made just before the loop is called, which starts its clock; it
+        counts the seconds when the loop's training ends (`on_train_end`).
+        """
+        import keras
+
+        start, marks = self.now(), {"validation": 0.0}
+
+        def batch_end(batch, logs=None):  # the first one ends the first call of the steps
+            marks.setdefault("first_step", self.now())
+
+        def test_begin(logs=None):
+            marks["test_begin"] = self.now()
+
+        def test_end(logs=None):
+            marks["validation"] += self.now() - marks["test_begin"]
+
+        def train_end(logs=None):
+            end = self.now()
+            first_end = marks.get("first_step", end)
+            self.add("first_step", first_end - start)
+            self.add("training", end - first_end - marks["validation"])
+            self.add("validation", marks["validation"])
+
+        return keras.callbacks.LambdaCallback(
+            on_train_batch_end=batch_end,
+            on_train_end=train_end,
+            on_test_begin=test_begin,
+            on_test_end=test_end,
+        )
