@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 
 from mdtrain.monitor import DeviceSample, Sample, Sampler, verdict
-from mdtrain.monitor import sampler as sampler_module
 from mdtrain.monitor.sampler import NvmlReader
 from mdtrain.monitor.stamps import Stamp, StampMatcher, call_wait
 from mdtrain.monitor.summary import Chart, Rates, resolve_display, summarize
@@ -79,6 +78,7 @@ class FakeSampler:
         if gpu_util is not None:
             devices.insert(0, DeviceSample("GPU 0 (Fake)", "gpu", gpu_util, 2**30, 2**34))
         self.sample = Sample(time=time.monotonic(), devices=tuple(devices))
+        self.gpu_error = "" if gpu_util is not None else "no GPU (fake)"
         self.started = self.stopped = 0
 
     def start(self):
@@ -320,21 +320,14 @@ def test_sampler_samples_in_background_and_stops():
     assert gpu.closed
 
 
-def test_sampler_without_gpu_says_so_once(capsys):
-    sampler_module.say_once.cache_clear()
-    for _ in range(3):
-        s = Sampler(0.05, gpu_reader=NoGpuReader(), cpu_reader=FakeCpuReader())
-    err = capsys.readouterr().err
-    assert err.count("monitoring the CPU only") == 1
-    assert not s.has_gpu
+def test_sampler_without_gpu_says_why_in_the_summary_not_on_stderr(capsys):
+    s = Sampler(0.05, gpu_reader=NoGpuReader(), cpu_reader=FakeCpuReader())
+    assert capsys.readouterr().err == ""  # nothing on standard error, however many monitors
+    assert not s.has_gpu and s.gpu_error == "NVML unavailable (test)"
     assert [d.kind for d in s.sample_now().devices] == ["cpu"]
-
-
-def test_a_monitor_that_shows_nothing_says_nothing_about_the_gpu(capsys):
-    sampler_module.say_once.cache_clear()
-    s = Sampler(0.05, gpu_reader=NoGpuReader(), cpu_reader=FakeCpuReader(), quiet=True)
-    assert capsys.readouterr().err == ""
-    assert not s.has_gpu  # it still samples the CPU alone
+    rates = ThroughputMeter(8).train_rates()
+    text = str(summarize(rates, s.history(), no_gpu=s.gpu_error))
+    assert text.count("GPU: none sampled (NVML unavailable (test))") == 1
 
 
 def test_sampler_history_since():

@@ -101,7 +101,7 @@ class MonitorCallback(keras.callbacks.Callback):
         self.display = resolve_display(display)
         self.augments_on_device = augments_on_device
         self.meter = ThroughputMeter(self.global_batch_size)
-        self.sampler = Sampler(interval_s, quiet=self.display == "none")
+        self.sampler = Sampler(interval_s)
         self.dashboard = None  # the live view of the latest run, with display="widget"
         # (time, images/sec) once per sampling interval: the chart's rate line, an hour of it.
         self._rates: collections.deque[tuple[float, float]] = collections.deque(maxlen=7200)
@@ -296,6 +296,7 @@ class MonitorCallback(keras.callbacks.Callback):
             mixed_precision=self._mixed_precision(),
             since=self._train_t0,
             allocator_peaks=self._allocator_peaks or allocator_peaks(),
+            no_gpu=self.sampler.gpu_error,
         )
 
     def _mixed_precision(self) -> bool:

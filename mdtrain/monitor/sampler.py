@@ -240,8 +240,9 @@ class Sampler:
     """Samples every GPU (NVML) and the CPU (psutil) on a background thread.
 
     Samples go into a ``collections.deque`` of at most ``max_samples`` entries,
-    so a week-long run keeps constant memory. Without NVML or a GPU it says so
-    once on standard error and samples the CPU alone.
+    so a week-long run keeps constant memory. Without NVML or a GPU it samples
+    the CPU alone, and ``gpu_error`` says why (the summary prints it once,
+    rather than a line on standard error for every monitor).
 
     Use it as a context manager, or call ``start()`` and ``stop()``.
 
@@ -254,8 +255,6 @@ class Sampler:
         cpu_reader: Object with ``read() -> DeviceSample``. Defaults to a new
             `mdtrain.monitor.sampler.CpuReader`.
         clock: Time source for ``Sample.time``. Defaults to ``time.monotonic``.
-        quiet: Say nothing when there is no GPU to sample (a monitor that
-            shows nothing, ``display="none"``). Defaults to ``False``.
 
     Example:
 
@@ -274,7 +273,6 @@ class Sampler:
         gpu_reader=None,
         cpu_reader=None,
         clock: Callable[[], float] = time.monotonic,
-        quiet: bool = False,
     ) -> None:
         if interval_s <= 0:
             raise ValueError(f"interval_s must be > 0, got {interval_s}")
@@ -286,8 +284,11 @@ class Sampler:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        if self._gpu.error and not quiet:
-            say_once(f"mdtrain.monitor: {self._gpu.error}; monitoring the CPU only.")
+
+    @property
+    def gpu_error(self) -> str:
+        """Why no GPU is sampled (e.g. NVML missing), or ``""``."""
+        return self._gpu.error or ("" if self._gpu.names else "no GPU found by NVML")
 
     @property
     def has_gpu(self) -> bool:

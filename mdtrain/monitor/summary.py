@@ -155,11 +155,14 @@ class Summary(Rates):
             allocator held for tensors during the run
             (``tf.config.experimental.get_memory_info``), what the model
             really used. Defaults to ``()``.
+        no_gpu: Why no GPU was sampled (NVML missing, no GPU), or ``""``.
+            Defaults to ``""``.
         verdict: One sentence from `verdict`. Defaults to ``""``.
     """
 
     devices: tuple[DeviceSummary, ...] = ()
     allocator_peaks: tuple[tuple[str, int], ...] = ()
+    no_gpu: str = ""
     verdict: str = ""
 
     @property
@@ -186,6 +189,8 @@ class Summary(Rates):
                 f"mean {percent(device.mean_utilization)}, peak {percent(device.peak_utilization)}"
             )
             lines.append(f"  {device.name}: {util}" + (f", peak memory {memory}" if memory else ""))
+        if self.no_gpu:
+            lines.append(f"  GPU: none sampled ({self.no_gpu})")
         if self.allocator_peaks:
             peaks = ", ".join(f"{gpu} {used / 2**30:.1f} GiB" for gpu, used in self.allocator_peaks)
             reserved = "NVML's figure is what its allocator reserved"
@@ -202,15 +207,18 @@ def summarize(
     mixed_precision: bool = False,
     since: float | None = None,
     allocator_peaks: tuple[tuple[str, int], ...] = (),
+    no_gpu: str = "",
 ) -> Summary:
     """The run's `Summary` from its rates and device samples, verdict included.
 
     ``since`` (``Sample.time``'s clock) keeps only the driver's own samples
-    taken from then on; ``allocator_peaks`` goes into the summary as it is.
+    taken from then on; ``allocator_peaks`` and ``no_gpu`` go into the summary as they are.
     """
     names = dict.fromkeys(d.name for s in samples for d in s.devices)
     devices = tuple(_device_summary(name, samples, since) for name in names)
-    run = Summary(**asdict(rates), devices=devices, allocator_peaks=tuple(allocator_peaks))
+    run = Summary(
+        **asdict(rates), devices=devices, allocator_peaks=tuple(allocator_peaks), no_gpu=no_gpu
+    )
     said = verdict(
         run.input_wait_share,
         run.gpu_utilization,
