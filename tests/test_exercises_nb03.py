@@ -59,3 +59,12 @@ def test_the_placeholder_and_a_step_that_raises_are_said_in_words(capsys):
 def test_a_wrong_worked_solution_raises():
     with pytest.raises(ExerciseError, match="weight decay"):
         nb03.check_train_step(_step(_global, None), strict=True)
+
+
+def test_on_one_device_half_a_global_batch_still_tells_the_rules_apart(monkeypatch, capsys):
+    from mdtrain.exercises import steps
+
+    monkeypatch.setattr(nb03, "step_devices", lambda count: steps.step_devices(1))
+    assert nb03.check_train_step(_step(_global, tf.nn.scale_regularization_loss), strict=True)
+    assert nb03.check_train_step(_step(_own_mean, tf.nn.scale_regularization_loss)) is False
+    assert "its own number of examples" in capsys.readouterr().out

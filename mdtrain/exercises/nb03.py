@@ -11,7 +11,7 @@ from mdtrain.exercises.steps import (
     reference_step,
     run_step,
     step_devices,
-    update_difference,
+    update_problems,
 )
 
 EXERCISE = "A training step with weight decay"
@@ -88,12 +88,6 @@ def check_train_step(train_step: Callable | None, *, strict: bool = False) -> bo
     except Exception as exc:  # the learner's code: any error is a problem to print
         return verdict(EXERCISE, [call_problem(exc)], strict=strict)
     problems = _loss_problems(run.loss, images, labels, len(devices), examples)
-    difference = update_difference(run, reference_step(images, labels, GLOBAL_BATCH_SIZE, L2))
-    if all(not update.any() for update in run.updates):
-        problems.append("the weights did not change: apply the gradients with `optimizer.apply`.")
-    elif difference > TOLERANCE:
-        problems.append(
-            f"the weights moved differently from one device's (largest relative difference "
-            f"{difference:.1e}): take the gradient of the loss you return."
-        )
+    reference = reference_step(images, labels, GLOBAL_BATCH_SIZE, L2)
+    problems += update_problems(run, reference, TOLERANCE)
     return verdict(EXERCISE, problems, strict=strict)

@@ -13,7 +13,7 @@ from mdtrain.exercises.steps import (
     reference_step,
     run_step,
     step_devices,
-    update_difference,
+    update_problems,
 )
 
 EXERCISE = "The partial batch, exactly"
@@ -77,11 +77,5 @@ def check_exact_train_step(exact_train_step: Callable | None, *, strict: bool = 
                 f"the replicas' losses add up to {run.loss:.6f}, not the mean over the "
                 f"{NUM_EXAMPLES} examples, {reference.loss:.6f}."
             )
-    if all(not update.any() for update in run.updates):
-        problems.append("the weights did not change: apply the gradients with `optimizer.apply`.")
-    elif (difference := update_difference(run, reference)) > TOLERANCE:
-        problems.append(
-            f"the weights moved differently from one device's (largest relative difference "
-            f"{difference:.1e}): take the gradient of the loss you return."
-        )
+    problems += update_problems(run, reference, TOLERANCE)
     return verdict(EXERCISE, problems, strict=strict)

@@ -107,6 +107,18 @@ def update_difference(run: StepRun, reference: StepRun) -> float:
     )
 
 
+def update_problems(run: StepRun, reference: StepRun, tolerance: float) -> list[str]:
+    """What is wrong with a step's update, against one device's: nothing moved, or differently."""
+    if all(not update.any() for update in run.updates):
+        return ["the weights did not change: apply the gradients with `optimizer.apply`."]
+    if (difference := update_difference(run, reference)) > tolerance:
+        return [
+            f"the weights moved differently from one device's (largest relative difference "
+            f"{difference:.1e}): take the gradient of the loss you return."
+        ]
+    return []
+
+
 def call_problem(exc: Exception) -> str:
     """One sentence for a step that raised."""
     first_line = (str(exc).strip().splitlines() or [""])[0][:200]
