@@ -3,7 +3,7 @@
 Usage (from anywhere):
 
     python notebooks/regenerate.py                 # every notebooks/NN_*.ipynb
-    python notebooks/regenerate.py 01_load_and_augment.ipynb 03_mirrored_strategy.ipynb
+    python notebooks/regenerate.py 01_load_and_augment.ipynb 04_exact_uneven_batches.ipynb
 
 Each notebook runs top to bottom in a fresh `python3` kernel with cwd
 `notebooks/` and `MDTRAIN_SMOKE` unset, and is written back in place. A cell
