@@ -15,6 +15,7 @@ import pytest
 from mdtrain.monitor import DeviceSample, Sample, Sampler, verdict
 from mdtrain.monitor import sampler as sampler_module
 from mdtrain.monitor.sampler import NvmlReader
+from mdtrain.monitor.stamps import Stamp, StampMatcher, call_wait
 from mdtrain.monitor.summary import Chart, Rates, resolve_display, summarize
 from mdtrain.monitor.throughput import ThroughputMeter
 
@@ -90,6 +91,9 @@ class FakeSampler:
     def latest(self):
         return self.sample
 
+    def sample_now(self):
+        return self.sample
+
     def history(self, since=None):
         return [self.sample]
 
@@ -123,6 +127,11 @@ def test_verdict_does_not_advise_what_the_run_already_does():
     assert on_device.startswith("input-bound (highly)") and "augmentation" not in on_device
 
 
+def test_verdict_never_advises_mixed_precision_to_a_mixed_precision_run():
+    assert "use mixed precision" in verdict(None, 55.0)
+    assert "mixed precision" not in verdict(None, 55.0, mixed_precision=True)
+
+
 def test_verdict_names_the_wait_share_and_the_fix():
     text = verdict(0.38, 41.0)
     assert "38%" in text and "cache the dataset" in text
@@ -131,43 +140,70 @@ def test_verdict_names_the_wait_share_and_the_fix():
 # --- throughput ----------------------------------------------------------------------
 
 
-def _run_steps(meter, clock, n, seconds, **logs):
+def _run_steps(meter, clock, n, seconds, **figures):
     for step in range(n):
         clock.advance(seconds)
-        meter.batch_end(step, **logs)
+        meter.batch_end(step, **figures)
 
 
-def test_meter_counts_the_global_batch_and_skips_warmup():
+def test_meter_counts_every_step_and_times_the_rest_without_the_first_call():
     clock = FakeClock()
-    meter = ThroughputMeter(256, warmup_steps=1, clock=clock)
+    meter = ThroughputMeter(256, clock=clock)
     meter.epoch_begin()
     _run_steps(meter, clock, 11, 0.1)
+    meter.epoch_end()
     rates = meter.train_rates()
-    assert rates.steps == 10 and rates.images == 2560
+    assert rates.steps == 11 and rates.images == 11 * 256  # every step counts
+    assert rates.left_out_steps == 1 and rates.left_out_s == pytest.approx(0.1)  # tracing
+    assert rates.seconds == pytest.approx(1.0)
     assert rates.images_per_sec == pytest.approx(2560.0)
     assert rates.step_time_s == pytest.approx(0.1)
-    assert rates.input_wait_share is None  # model.fit: unknown, not zero
+    assert rates.input_wait_share is None  # not measured: unknown, not zero
 
 
-def test_meter_uses_logged_batch_size_and_wait():
+def test_meter_times_epoch_boundaries_but_not_validation_or_the_gap_between_epochs():
     clock = FakeClock()
-    meter = ThroughputMeter(100, warmup_steps=0, clock=clock)
+    meter = ThroughputMeter(10, clock=clock)
+    for epoch in range(3):
+        meter.epoch_begin()
+        clock.advance(0.2)  # the epoch's iterator is made: the user waits for it
+        _run_steps(meter, clock, 4, 0.1)
+        clock.advance(0.1)  # the end of the epoch's data
+        meter.validation_begin()
+        clock.advance(5.0)
+        meter.validation_end()
+        meter.epoch_end()
+        if epoch == 1:
+            assert meter.epoch_rates().images_per_sec == pytest.approx(40 / 0.7)
+        clock.advance(30.0)  # checkpoints between epochs
+    rates = meter.train_rates()
+    # The first call (0.3 s: the iterator and the step) is left out; validation on its own.
+    assert rates.seconds == pytest.approx(3 * 0.7 - 0.3)
+    assert rates.images_per_sec == pytest.approx(110 / 1.8)
+    assert rates.validation_s == pytest.approx(15.0)
+
+
+def test_meter_leaves_out_the_first_call_of_each_batch_size():
+    clock = FakeClock()
+    meter = ThroughputMeter(100, clock=clock)
     meter.epoch_begin()
-    _run_steps(meter, clock, 3, 0.5, batch_size=100, input_wait_s=0.2)
-    clock.advance(0.25)
-    meter.batch_end(3, batch_size=30, input_wait_s=0.0)  # the partial last batch
+    _run_steps(meter, clock, 3, 0.5, images=100, input_wait_s=0.2)
+    clock.advance(2.0)  # the partial last batch: a new shape, traced again
+    meter.batch_end(3, images=30, input_wait_s=0.0)
+    _run_steps(meter, clock, 2, 0.5, images=100, input_wait_s=0.2)  # batches 0, 1 again
     rates = meter.epoch_rates()
-    assert rates.images == 330
-    assert rates.images_per_sec == pytest.approx(330 / 1.75)
-    assert rates.input_wait_share == pytest.approx(0.6 / 1.75)
+    assert rates.steps == 6 and rates.images == 530
+    assert rates.left_out_steps == 2 and rates.left_out_s == pytest.approx(2.5)
+    assert rates.images_per_sec == pytest.approx(400 / 2.0)
+    assert rates.input_wait_share == pytest.approx(0.4)
 
 
 def test_meter_step_time_includes_fetching_between_steps():
     # The loop fetches between one batch_end and the next step: still step time.
     clock = FakeClock()
-    meter = ThroughputMeter(10, warmup_steps=0, clock=clock)
+    meter = ThroughputMeter(10, clock=clock)
     meter.epoch_begin()
-    for step in range(4):
+    for step in range(5):
         clock.advance(0.3)  # blocked on next(iterator)
         clock.advance(0.1)  # the step itself
         meter.batch_end(step, input_wait_s=0.3)
@@ -176,15 +212,18 @@ def test_meter_step_time_includes_fetching_between_steps():
     assert rates.input_wait_share == pytest.approx(0.75)
 
 
-def test_meter_handles_steps_per_execution():
+def test_meter_counts_every_step_of_multi_step_calls():
+    """3 epochs of 6 steps, one call each (steps_per_execution): 18 steps, not 12."""
     clock = FakeClock()
-    meter = ThroughputMeter(8, warmup_steps=0, clock=clock)
-    meter.epoch_begin()
-    for batch in (3, 7, 11):  # Keras reports every 4th step
-        clock.advance(0.4)
-        meter.batch_end(batch)
-    rates = meter.epoch_rates()
-    assert rates.steps == 12 and rates.images == 96
+    meter = ThroughputMeter(16, clock=clock)
+    for _ in range(3):
+        meter.epoch_begin()
+        clock.advance(0.6)
+        meter.batch_end(5, images=96)
+        meter.epoch_end()
+    rates = meter.train_rates()
+    assert rates.steps == 18 and rates.images == 288
+    assert rates.left_out_steps == 6 and rates.images_per_sec == pytest.approx(192 / 1.2)
     assert meter.current_rates().step_time_s == pytest.approx(0.1)  # the live view too
 
 
@@ -202,31 +241,59 @@ def test_meter_reads_the_steps_sizes_and_waits_only_with_its_rates():
             return self.value
 
     clock = FakeClock()
-    meter = ThroughputMeter(100, warmup_steps=1, clock=clock)
+    meter = ThroughputMeter(100, clock=clock)
     meter.epoch_begin()
-    for batch, images in ((3, 400.0), (7, 400.0), (11, 130.0)):  # 4 steps per call
+    for batch in (3, 7, 11):  # 4 steps per call
         clock.advance(0.4)
-        meter.batch_end(batch, Lazy(images), Lazy(0.1))
+        meter.batch_end(batch, Lazy(400.0), Lazy(0.1))
     assert Lazy.reads == 0
     rates = meter.epoch_rates()
-    assert rates.steps == 8 and rates.images == 530  # the first call (tracing) is left out
+    assert rates.steps == 12 and rates.images == 1200 and rates.left_out_steps == 4
     assert rates.input_wait_share == pytest.approx(0.25)
-
-
-def test_meter_epoch_gap_is_not_step_time():
-    clock = FakeClock()
-    meter = ThroughputMeter(10, warmup_steps=0, clock=clock)
-    meter.epoch_begin()
-    _run_steps(meter, clock, 2, 0.1)
-    clock.advance(30.0)  # validation, checkpointing
-    meter.epoch_begin()
-    _run_steps(meter, clock, 2, 0.1)
-    assert meter.train_rates().step_time_s == pytest.approx(0.1)
 
 
 def test_meter_rejects_bad_batch_size():
     with pytest.raises(ValueError, match="global_batch_size"):
         ThroughputMeter(0)
+
+
+# --- stamps (a watched tf.data dataset) ----------------------------------------------
+
+
+def test_a_step_that_began_before_its_batch_came_waited_until_then():
+    assert call_wait(10.0, 10.05, [10.03]) == pytest.approx(0.03)
+    assert call_wait(10.0, 10.05, [9.0]) == 0.0  # fetched ahead: no wait
+    # 3 steps of 10 ms each, the last batch 25 ms late: 25 ms of the call's 55 were waiting.
+    assert call_wait(0.0, 0.055, [0.0, 0.0, 0.045]) == pytest.approx(0.025)
+    assert call_wait(0.0, 0.03, [-1.0, -1.0, -1.0]) == pytest.approx(0.0)
+
+
+def _stamps(index0, got_times, images=8):
+    return [Stamp(index0 + i, got - 0.001, got, images) for i, got in enumerate(got_times)]
+
+
+def test_the_stamps_of_an_iterator_keras_peeked_at_are_dropped():
+    """fit builds the model from an iterator it then drops, with the batches it prefetched."""
+    queue = [
+        *_stamps(0, [1.0, 1.1, 1.2, 1.3]),  # the peek's iterator: never trained on
+        *_stamps(0, [5.0, 5.2, 5.4], images=16),  # the epoch's
+        *_stamps(3, [5.6], images=4),
+    ]
+    matcher = StampMatcher(lambda: [queue.pop(0) for _ in range(len(queue))])
+    calls = [matcher.call(4.9, 5.1, 1), matcher.call(5.1, 5.25, 1), matcher.call(5.25, 5.7, 2)]
+    assert [call.images() for call in calls] == [16, 16, 20]
+    assert calls[0].wait_s() == pytest.approx(0.1)
+    assert calls[1].wait_s() == pytest.approx(0.1)
+    later = matcher.call(5.7, 5.8, 1)  # no stamp for it: unknown, not zero
+    assert later.images() is None and later.wait_s() is None
+
+
+def test_each_epochs_iterator_feeds_its_own_steps():
+    queue = [*_stamps(0, [1.0, 1.1]), *_stamps(0, [3.0, 3.1])]
+    matcher = StampMatcher(lambda: [queue.pop(0) for _ in range(len(queue))])
+    epoch_1 = [matcher.call(0.9, 1.05, 1), matcher.call(1.05, 1.2, 1)]
+    epoch_2 = [matcher.call(2.9, 3.05, 1), matcher.call(3.05, 3.2, 1)]
+    assert [call.wait_s() for call in epoch_2 + epoch_1] == pytest.approx([0.1, 0.05, 0.1, 0.05])
 
 
 # --- sampler -------------------------------------------------------------------------
@@ -289,6 +356,75 @@ def _nvml_error() -> str | None:
         return reader.error
     finally:
         reader.close()
+
+
+class FakeNvml(types.SimpleNamespace):
+    """pynvml on one GPU whose driver sampled 90% busy, though its last period read 0%."""
+
+    NVML_GPU_UTILIZATION_SAMPLES = 1
+    NVML_TEMPERATURE_GPU = 0
+
+    def __init__(self, sample_times_us):
+        super().__init__(samples=[(t, 90) for t in sample_times_us], asked_since=[])
+
+    def nvmlInit(self):
+        pass
+
+    def nvmlShutdown(self):
+        pass
+
+    def nvmlDeviceGetCount(self):
+        return 1
+
+    def nvmlDeviceGetHandleByIndex(self, index):
+        return "handle"
+
+    def nvmlDeviceGetUUID(self, handle):
+        return "GPU-1"
+
+    def nvmlDeviceGetName(self, handle):
+        return "NVIDIA H200"
+
+    def nvmlDeviceGetUtilizationRates(self, handle):
+        return types.SimpleNamespace(gpu=0)  # a 0.3 s epoch between two driver periods
+
+    def nvmlDeviceGetSamples(self, handle, kind, since_us):
+        self.asked_since.append(since_us)
+        fresh = [
+            types.SimpleNamespace(timeStamp=t, sampleValue=types.SimpleNamespace(uiVal=value))
+            for t, value in self.samples
+            if t > since_us
+        ]
+        if not fresh:
+            raise RuntimeError("NVML_ERROR_NOT_FOUND")
+        return 1, fresh
+
+    def nvmlDeviceGetMemoryInfo(self, handle, version=None):
+        return types.SimpleNamespace(used=2**30, total=2**34)
+
+    def nvmlDeviceGetPowerUsage(self, handle):
+        return 300_000
+
+    def nvmlDeviceGetTemperature(self, handle, sensor):
+        return 60
+
+
+def test_a_short_epoch_gets_the_drivers_own_utilisation_samples(monkeypatch):
+    """NVML keeps samples every 1/6 s: an epoch of 0.3 s reads 90%, not its last period's 0%."""
+    now_us = int(time.time() * 1e6)
+    nvml = FakeNvml([now_us - 300_000, now_us - 130_000])  # during the epoch
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    epoch_start = time.monotonic() - 0.35
+    sampler = Sampler(0.5, gpu_reader=NvmlReader(), cpu_reader=FakeCpuReader())
+    first = sampler.sample_now()
+    (gpu,) = first.gpus
+    assert gpu.utilization == 90.0 and len(gpu.busy) == 2
+    assert all(epoch_start < when <= time.monotonic() for when, _ in gpu.busy)
+    (again,) = sampler.sample_now().gpus  # nothing new: the rate NVML reports now, counted once
+    assert again.busy == () and nvml.asked_since[-1] == now_us - 130_000
+    summary = summarize(Rates(1, 8, 0.3, 26.7, 0.3, None), sampler.history(), since=epoch_start)
+    assert summary.devices[0].mean_utilization == 90.0  # the driver's samples, not the 0%
 
 
 @pytest.mark.gpu
@@ -355,7 +491,7 @@ def test_the_text_forms_read_exactly_so():
 
     gpu = DeviceSample("GPU 0 (Fake)", "gpu", 87.0, 2**30, 2**34, 70.4, 61.0)
     sample = Sample(time=0.0, devices=(gpu, DeviceSample("CPU", "cpu", 40.0, 2**30, 8 * 2**30)))
-    summary = summarize(Rates(50, 12800, 10.37, 1234.5, 0.0259, 0.12), [sample])
+    summary = summarize(Rates(50, 12800, 10.37, 1234.5, 0.0259, 0.12, 1, 2.04, 3.5), [sample])
     assert epoch_line(1, 5, summary) == (
         "epoch 2/5: 50 steps, 1234.5 images/sec, step 25.9 ms, input wait 12%, "
         "util GPU 0 87%, CPU 40%"
@@ -366,6 +502,9 @@ def test_the_text_forms_read_exactly_so():
     )
     assert str(summary) == (
         "mdtrain monitor: 50 steps, 1234.5 images/sec, step 25.9 ms, input wait 12%\n"
+        "  timing: 10.4 s of training, epoch boundaries included; left out: 1 steps in 2.0 s "
+        "of tracing and compiling (the first call of each batch size); validation 3.5 s, on its "
+        "own\n"
         "  GPU 0 (Fake): mean 87%, peak 87%, peak memory 1.0/16.0 GiB\n"
         "  CPU: mean 40%, peak 40%, peak memory 1.0/8.0 GiB\n"
         "  verdict: input-bound (moderately): the devices waited 12% of each step — "
@@ -429,7 +568,7 @@ def test_chart_draws_the_whole_run_thinned():
 def _watched_monitor():
     """What the dashboard reads from a `MonitorCallback`, without Keras: epoch 2/3, step 5/10."""
     clock = FakeClock()
-    meter = ThroughputMeter(1000, warmup_steps=0, clock=clock)
+    meter = ThroughputMeter(1000, clock=clock)
     meter.epoch_begin()
     _run_steps(meter, clock, 5, 0.8)
     sampler = FakeSampler()
@@ -526,17 +665,17 @@ def test_callback_reads_the_trainers_step_figures(keras, capsys, monkeypatch):
     callbacks.on_train_end()
 
     summary = monitor.summary()
-    assert summary.steps == 7  # the first step (tracing, compiling) is left out
-    assert summary.images == 2 * (3 * 64 + 10) - 64
+    assert summary.steps == 8 and summary.left_out_steps == 2  # tracing: 64, then 10 a step
+    assert summary.images == 2 * (3 * 64 + 10)
     assert summary.input_wait_share == pytest.approx(0.6)  # 30 ms of each 50 ms step
-    assert summary.images_per_sec == pytest.approx(summary.images / (7 * 0.05))
+    assert summary.images_per_sec == pytest.approx((summary.images - 74) / (6 * 0.05))
     assert summary.verdict.startswith("input-bound (highly)")
     assert sampler.started == 1 and sampler.stopped == 1
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].startswith("epoch 1/2: 3 steps,") and lines[1].startswith("epoch 2/2: 4 steps,")
+    assert lines[0].startswith("epoch 1/2: 4 steps,") and lines[1].startswith("epoch 2/2: 4 steps,")
     assert "images/sec" in lines[0] and "GPU 0 35%" in lines[0] and "input wait" in lines[0]
     assert lines[2] == str(summary).splitlines()[0]
-    assert lines[2].startswith("mdtrain monitor: 7 steps")
+    assert lines[2].startswith("mdtrain monitor: 8 steps")
     assert lines[-1] == f"  verdict: {summary.verdict}"
 
 
@@ -553,15 +692,44 @@ def test_callback_under_fit_and_display_none(keras, capsys):
     model.fit(x, y, batch_size=8, epochs=2, callbacks=[quiet], verbose=0)
     assert capsys.readouterr().out == ""
     summary = quiet.summary()
-    assert summary.steps == 9 and summary.images == 72  # 10 steps, 1 warm-up
+    assert summary.steps == 10 and summary.images == 80 and summary.left_out_steps == 1
     assert summary.input_wait_share is None  # fit fetches inside its step
     assert quiet.epochs == 2 and quiet.steps_per_epoch == 5  # from fit's params
 
     text = make_monitor(8, display="text")
     model.fit(x, y, batch_size=8, epochs=1, callbacks=[text], verbose=0)
     out = capsys.readouterr().out
-    assert "epoch 1/1: 4 steps" in out and "input wait unknown" in out
+    assert "epoch 1/1: 5 steps" in out and "input wait unknown" in out
     assert "verdict:" in out
+
+
+def test_a_mixed_precision_run_is_not_told_to_use_mixed_precision(keras):
+    monitor = MonitorCallbackWith(FakeSampler(gpu_util=55.0))
+    before = keras.config.dtype_policy()
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    try:
+        _fit_tiny(keras, monitor, epochs=1)
+    finally:
+        keras.config.set_dtype_policy(before)
+    text = monitor.summary().verdict
+    assert text.startswith("under-used") and "mixed precision" not in text
+    plain = MonitorCallbackWith(FakeSampler(gpu_util=55.0))
+    _fit_tiny(keras, plain, epochs=1)
+    assert "use mixed precision" in plain.summary().verdict
+
+
+def test_the_summary_shows_tensorflows_peak_memory_beside_nvmls():
+    gpu = DeviceSample("GPU 0 (NVIDIA H200)", "gpu", 80.0, 118 * 2**30, 140 * 2**30)
+    summary = summarize(
+        Rates(10, 640, 1.0, 640.0, 0.1, None),
+        [Sample(0.0, (gpu,))],
+        allocator_peaks=(("GPU:0", 3 * 2**30), ("GPU:1", 2**31)),
+    )
+    assert "GPU 0 (NVIDIA H200): mean 80%, peak 80%, peak memory 118.0/140.0 GiB" in str(summary)
+    assert (
+        "  TensorFlow's peak memory: GPU:0 3.0 GiB, GPU:1 2.0 GiB (NVML's figure is what its "
+        "allocator reserved)"
+    ) in str(summary)
 
 
 def test_one_run_across_several_fit_calls(keras):
@@ -580,8 +748,16 @@ def test_one_run_across_several_fit_calls(keras):
         model.fit(x, y, batch_size=8, epochs=2, callbacks=[monitor], verbose=0)
         model.fit(x, y, batch_size=8, initial_epoch=2, epochs=3, callbacks=[monitor], verbose=0)
     summary = monitor.summary()
-    assert summary.steps == 14 and summary.images == 14 * 8  # 15 steps, 1 warm-up
+    assert summary.steps == 15 and summary.images == 15 * 8 and summary.left_out_steps == 1
     assert sampler.started == 1 and sampler.stopped == 1
+
+
+def MonitorCallbackWith(sampler):  # noqa: N802 - reads as the class it makes
+    from mdtrain.monitor import MonitorCallback
+
+    monitor = MonitorCallback(8, display="none")
+    monitor.sampler = sampler
+    return monitor
 
 
 def _fit_tiny(keras, monitor, epochs=2):
@@ -617,7 +793,7 @@ def test_in_a_notebook_the_run_leaves_its_chart_and_summary(keras, monkeypatch, 
     assert picture.data == monitor.chart_png(dpi=100)  # the dashboard's chart, same figures
     out = capsys.readouterr().out
     assert out.endswith(str(monitor.summary()) + "\n")
-    assert str(monitor.summary()).startswith("mdtrain monitor: 9 steps")
+    assert str(monitor.summary()).startswith("mdtrain monitor: 10 steps")
     assert ("epoch 1/2:" in out) == (display == "text")
 
 

@@ -13,7 +13,9 @@ import time
 
 import keras
 
+from mdtrain.monitor.allocator import allocator_peaks, reset_allocator_peaks
 from mdtrain.monitor.sampler import Sampler
+from mdtrain.monitor.stamps import StampMatcher
 from mdtrain.monitor.summary import (
     Chart,
     Summary,
@@ -38,14 +40,26 @@ class MonitorCallback(keras.callbacks.Callback):
     Kaggle). ``monitor.summary()`` gives the figures and verdict after
     training. ``mdtrain.make_monitor`` is this class.
 
-    Images are counted on the GLOBAL batch (all replicas). A model that
-    records its last step as ``model.last_step`` (mdtrain's `ExactTrainer`
-    does, under ``fit`` and its custom loop: ``batch_size``, the global
-    examples of the step, right for a partial batch, and ``input_wait_s``,
-    seconds blocked on the input before it) gets exact counts and an input-wait
-    share. For any other model every step counts ``global_batch_size`` and the
-    wait share is ``None``; the verdict then rests on GPU utilisation. The
-    first step of training (tracing, compilation) is left out of the rates.
+    Images are counted on the GLOBAL batch (all replicas). The input wait is
+    measured, never inferred, wherever it can be:
+
+    - plain ``model.fit``: train on ``monitor.watch(train_ds)`` (a
+      `tf.data.Dataset`), which stamps each batch as the input pipeline hands
+      it over; a step that began before its batch came waited until then;
+    - a custom loop: iterate ``monitor.watch(dist_ds)`` (a distributed
+      dataset), whose ``next()`` is timed on the loop's thread;
+    - mdtrain's `ExactTrainer` (``fit`` and ``custom_fit``) records each
+      call's wait and real global batch size as ``model.last_step``, in its
+      own graph; it needs no ``watch``.
+
+    Without any of them the verdict rests on sampled GPU utilisation, and
+    says ``unknown`` without a GPU. images/sec is images over the time the
+    user waits for training: each epoch from its start to its end, boundaries
+    included, less validation (reported on its own, when the loop calls
+    ``on_test_begin``/``on_test_end``) and less the calls that traced and
+    compiled (the first call, and the first of each new batch size where the
+    batch size is known), which the summary names. Every step counts in
+    ``steps`` and ``images``.
 
     Args:
         global_batch_size: Examples per step over all replicas.
@@ -67,7 +81,7 @@ class MonitorCallback(keras.callbacks.Callback):
 
     ```python
     monitor = make_monitor(global_batch_size=256, epochs=5)
-    model.fit(train_ds, epochs=5, callbacks=[monitor])
+    model.fit(monitor.watch(train_ds), epochs=5, callbacks=[monitor])
     print(monitor.summary())
     ```
     """
@@ -100,6 +114,48 @@ class MonitorCallback(keras.callbacks.Callback):
         self._training = False
         self._in_run = False
         self._shell = None
+        self._stamps = None  # the host queue of watched tf.data datasets, made on first watch
+        self._matcher: StampMatcher | None = None
+        self._host_wait = None  # what a watched distributed dataset's next() blocked for
+        self._last_wall = time.time()  # wall clock of the last call's end, for the stamps
+        self._allocator_peaks: tuple[tuple[str, int], ...] = ()  # the run's, once it ended
+
+    def watch(self, dataset):
+        """The dataset to train on in its place, so that the monitor measures the input wait.
+
+        A `tf.data.Dataset` comes back as one with the same elements, each
+        stamped with the wall time the input pipeline handed it over (for
+        ``model.fit``). A distributed dataset
+        (``strategy.experimental_distribute_dataset``) comes back as one whose
+        iterators time ``next()`` (for a custom loop, iterated in Python). See
+        `mdtrain.monitor.watch` for how, and what it costs (two timestamps
+        and a queue entry per batch; measured below 1% of a step). Watch the
+        training data only: a watched validation set would be taken for it.
+
+        Args:
+            dataset: The training `tf.data.Dataset`, or a distributed one.
+
+        Returns:
+            The same kind of dataset, to use in ``dataset``'s place.
+
+        Raises:
+            TypeError: For anything else.
+
+        Example:
+
+        ```python
+        model.fit(monitor.watch(train_ds), epochs=5, callbacks=[monitor])
+
+        for images, labels in monitor.watch(strategy.experimental_distribute_dataset(ds)):
+            ...  # the step, then callbacks.on_train_batch_end(step)
+        ```
+        """
+        from mdtrain.monitor.watch import HostWait, StampQueue, watched
+
+        if self._stamps is None:
+            self._stamps, self._host_wait = StampQueue(), HostWait()
+            self._matcher = StampMatcher(self._stamps.drain)
+        return watched(dataset, self._stamps, self._host_wait)
 
     # Progress figures: the constructor wins, else what fit()/CallbackList passed.
     @property
@@ -143,6 +199,8 @@ class MonitorCallback(keras.callbacks.Callback):
         self.dashboard = None
         self._rates.clear()
         self.sampler.start()
+        reset_allocator_peaks()
+        self._allocator_peaks = ()
         self._train_t0 = self._epoch_t0 = time.monotonic()
         self._training = True
         # Keras skips on_train_end when training raises (or is interrupted), which
@@ -164,19 +222,23 @@ class MonitorCallback(keras.callbacks.Callback):
         self.epoch = int(epoch)
         self._epoch_t0 = time.monotonic()
         self.meter.epoch_begin()
+        self._last_wall = time.time()
+        if self._host_wait is not None:
+            self._host_wait.clear()  # the next() of validation between epochs is not a step's
+
+    def on_test_begin(self, logs=None):
+        self.meter.validation_begin()
+
+    def on_test_end(self, logs=None):
+        self.meter.validation_end()
+        self._last_wall = time.time()
+        if self._host_wait is not None:
+            self._host_wait.clear()
 
     def on_train_batch_end(self, batch, logs=None):
-        # mdtrain's ExactTrainer (under fit and the custom loop alike) records the
-        # step's real global batch size and its input wait; other models leave
-        # both unknown.
-        step = getattr(self.model, "last_step", None)
         if self.steps_per_epoch:  # with steps_per_execution, Keras ends an epoch at `steps`
             batch = min(batch, self.steps_per_epoch - 1)
-        self.meter.batch_end(
-            batch,
-            step.batch_size if step is not None else None,
-            step.input_wait_s if step is not None else None,
-        )
+        self.meter.batch_end(batch, *self._step_figures(batch))
         now = time.monotonic()
         if now >= self._next_rate:  # the chart's rate line: a point per sampling interval
             self._next_rate = now + self.sampler.interval_s
@@ -184,10 +246,28 @@ class MonitorCallback(keras.callbacks.Callback):
             if rate is not None:
                 self._rates.append((now, rate))
 
+    def _step_figures(self, batch: int) -> tuple:
+        """The call's global examples and input wait, as measured (lazy), or ``None``."""
+        began, now = self._last_wall, time.time()
+        self._last_wall = now
+        step = getattr(self.model, "last_step", None)
+        if step is not None:  # mdtrain's ExactTrainer: counted in its own graph
+            return step.batch_size, step.input_wait_s
+        waited = self._host_wait.take() if self._host_wait is not None else None
+        if waited is not None:  # a custom loop's next() on a watched distributed dataset
+            return None, waited
+        if self._matcher is not None:  # a watched tf.data dataset: its stamps, read later
+            call = self._matcher.call(began, now, self.meter.steps_until(batch))
+            return call.images, call.wait_s
+        return None, None
+
     def on_epoch_end(self, epoch, logs=None):
+        self.meter.epoch_end()
         if self.display == "text":
+            self.sampler.sample_now()  # the driver's samples up to now: a short epoch has some
             rates, samples = self.meter.epoch_rates(), self.sampler.history(since=self._epoch_t0)
-            print(epoch_line(epoch, self.epochs, summarize(rates, samples)), flush=True)
+            summary = summarize(rates, samples, since=self._epoch_t0)
+            print(epoch_line(epoch, self.epochs, summary), flush=True)
 
     def on_train_end(self, logs=None):
         if self._in_run:
@@ -210,8 +290,18 @@ class MonitorCallback(keras.callbacks.Callback):
         """
         samples = self.sampler.history(since=self._train_t0)
         return summarize(
-            self.meter.train_rates(), samples, augments_on_device=self.augments_on_device
+            self.meter.train_rates(),
+            samples,
+            augments_on_device=self.augments_on_device,
+            mixed_precision=self._mixed_precision(),
+            since=self._train_t0,
+            allocator_peaks=self._allocator_peaks or allocator_peaks(),
         )
+
+    def _mixed_precision(self) -> bool:
+        """Whether the run computes in mixed precision: the model's policy, or the global one."""
+        policies = (getattr(self.model, "dtype_policy", None), keras.config.dtype_policy())
+        return any(policy is not None and policy.name.startswith("mixed") for policy in policies)
 
     def chart_png(self, dpi: int = 72) -> bytes:
         """The run's chart as PNG bytes: images/sec and each device's utilisation over time.
@@ -238,6 +328,7 @@ class MonitorCallback(keras.callbacks.Callback):
             with contextlib.suppress(ValueError):
                 shell.events.unregister("post_run_cell", self._finish)
         self.sampler.stop()  # takes a last sample: the figures are final from here
+        self._allocator_peaks = allocator_peaks()
         if self.dashboard is not None:
             self.dashboard.stop()
 

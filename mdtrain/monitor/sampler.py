@@ -38,6 +38,10 @@ class DeviceSample:
             Defaults to ``None``.
         power_w: Power draw in watts. Defaults to ``None``.
         temperature_c: Temperature in degrees Celsius. Defaults to ``None``.
+        busy: The driver's own utilisation samples since the previous reading,
+            as ``(time.monotonic() time, percent)`` pairs (NVML samples every
+            1/6 s or so, whatever our interval), so an epoch shorter than the
+            sampling interval still has its own figure. Defaults to ``()``.
     """
 
     name: str
@@ -47,6 +51,7 @@ class DeviceSample:
     memory_total: int | None = None
     power_w: float | None = None
     temperature_c: float | None = None
+    busy: tuple[tuple[float, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -126,6 +131,7 @@ class NvmlReader:
         self.error: str | None = None
         self._nvml = None
         self._handles: list[tuple[str, object]] = []
+        self._last_seen_us: dict[str, int] = {}  # NVML's newest utilisation sample read, per GPU
         try:
             import pynvml
 
@@ -150,7 +156,29 @@ class NvmlReader:
 
     def read(self) -> tuple[DeviceSample, ...]:
         """Reads every visible GPU once; figures the board cannot report are ``None``."""
-        return tuple(_read(self._nvml, name, handle) for name, handle in self._handles)
+        return tuple(self._read(name, handle) for name, handle in self._handles)
+
+    def _read(self, name: str, handle) -> DeviceSample:
+        nv = self._nvml
+        busy, self._last_seen_us[name] = _busy_samples(nv, handle, self._last_seen_us.get(name, 0))
+        if busy:
+            utilization = sum(percent for _, percent in busy) / len(busy)
+        else:  # no sample since the last reading, or a board without the buffer (MIG)
+            rates = _try(nv.nvmlDeviceGetUtilizationRates, handle)
+            utilization = float(rates.gpu) if rates is not None else None
+        memory = _memory(nv, handle)
+        power_mw = _try(nv.nvmlDeviceGetPowerUsage, handle)
+        temperature = _try(nv.nvmlDeviceGetTemperature, handle, nv.NVML_TEMPERATURE_GPU)
+        return DeviceSample(
+            name=name,
+            kind="gpu",
+            utilization=utilization,
+            memory_used=int(memory.used) if memory is not None else None,
+            memory_total=int(memory.total) if memory is not None else None,
+            power_w=power_mw / 1000.0 if power_mw is not None else None,
+            temperature_c=float(temperature) if temperature is not None else None,
+            busy=busy,
+        )
 
     def close(self) -> None:
         """Releases NVML; safe to call twice."""
@@ -160,20 +188,24 @@ class NvmlReader:
             self._handles = []
 
 
-def _read(nv, name: str, handle) -> DeviceSample:
-    util = _try(nv.nvmlDeviceGetUtilizationRates, handle)
-    memory = _memory(nv, handle)
-    power_mw = _try(nv.nvmlDeviceGetPowerUsage, handle)
-    temperature = _try(nv.nvmlDeviceGetTemperature, handle, nv.NVML_TEMPERATURE_GPU)
-    return DeviceSample(
-        name=name,
-        kind="gpu",
-        utilization=float(util.gpu) if util is not None else None,
-        memory_used=int(memory.used) if memory is not None else None,
-        memory_total=int(memory.total) if memory is not None else None,
-        power_w=power_mw / 1000.0 if power_mw is not None else None,
-        temperature_c=float(temperature) if temperature is not None else None,
-    )
+def _busy_samples(nv, handle, last_seen_us: int) -> tuple[tuple, int]:
+    """NVML's utilisation samples newer than ``last_seen_us``, and the newest one's timestamp.
+
+    The driver keeps a buffer of samples, each with its time in microseconds
+    since the epoch (``nvmlDeviceGetSamples``); reading from the last one seen
+    gets each exactly once. Returns ``((), last_seen_us)`` when there are none.
+    """
+    try:
+        _, samples = nv.nvmlDeviceGetSamples(handle, nv.NVML_GPU_UTILIZATION_SAMPLES, last_seen_us)
+    except Exception:  # NVML_ERROR_NOT_FOUND: none since; NOT_SUPPORTED: MIG slices
+        return (), last_seen_us
+    fresh = [(s.timeStamp, s.sampleValue.uiVal) for s in samples if s.timeStamp > last_seen_us]
+    if not fresh:
+        return (), last_seen_us
+    # To the monotonic clock of `Sample.time`: the samples are seconds old, not days.
+    offset = time.monotonic() - time.time()
+    busy = tuple((stamp / 1e6 + offset, float(value)) for stamp, value in sorted(fresh))
+    return busy, max(stamp for stamp, _ in fresh)
 
 
 def _memory(nv, handle):

@@ -23,6 +23,7 @@ def verdict(
     gpu_utilization: float | None,
     *,
     augments_on_device: bool = False,
+    mixed_precision: bool = False,
 ) -> str:
     """Says in words what limits training speed, and what to try.
 
@@ -41,6 +42,8 @@ def verdict(
         augments_on_device: Whether the training step augments already
             (``mdtrain train``'s default, ``--augment-in model``), so the advice leaves
             moving it there out. Defaults to ``False``.
+        mixed_precision: Whether the run computes in mixed precision already,
+            so the advice leaves it out. Defaults to ``False``.
 
     Returns:
         One sentence.
@@ -68,10 +71,11 @@ def verdict(
         if gpu_utilization < 40.0 and wait is None:
             return (
                 f"input-bound (likely): {util} with no input-wait figure — "
-                f"{fixes}, or train with mdtrain's ExactTrainer to measure the wait"
+                f"{fixes}, or train on monitor.watch(dataset) to measure the wait"
             )
+        precision = "" if mixed_precision else "use mixed precision, "
         return (
-            f"under-used: {util} — raise the batch size, use mixed precision, "
+            f"under-used: {util} — raise the batch size, {precision}"
             "or look for host-side work between steps"
         )
     if wait is not None:
@@ -80,21 +84,39 @@ def verdict(
             "the input pipeline keeps up (no GPU to sample)"
         )
     return (
-        "unknown: no input-wait figure and no GPU to sample — mdtrain's ExactTrainer "
-        "measures the wait under fit and the custom loop (not on parameter servers)"
+        "unknown: no input-wait figure and no GPU to sample — train on "
+        "monitor.watch(dataset) (fit or a custom loop) to measure the wait"
     )
 
 
 @dataclass(frozen=True)
 class Rates:
-    """Throughput over some steps; a figure is ``None`` where nothing was measured."""
+    """Throughput over some steps; a figure is ``None`` where nothing was measured.
+
+    Args:
+        steps: Every step trained, compiling calls included.
+        images: Every global example trained on, likewise.
+        seconds: The training time the rates divide by: the epochs' wall
+            time less validation and the left-out calls.
+        images_per_sec: Images of the timed calls over ``seconds``.
+        step_time_s: ``seconds`` per timed step.
+        input_wait_share: The timed calls' share of time spent waiting for
+            input, or ``None`` where the wait was not measured.
+        left_out_steps: Steps of the calls left out of the rates (tracing and
+            compiling). Defaults to ``0``.
+        left_out_s: Their seconds. Defaults to ``0.0``.
+        validation_s: Seconds of validation, reported on their own. Defaults to ``0.0``.
+    """
 
     steps: int
     images: int
-    seconds: float  # wall time of the steps, input wait included
+    seconds: float
     images_per_sec: float | None
     step_time_s: float | None
-    input_wait_share: float | None  # None when the loop did not report it (model.fit)
+    input_wait_share: float | None
+    left_out_steps: int = 0
+    left_out_s: float = 0.0
+    validation_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -106,7 +128,8 @@ class DeviceSummary:
         kind: ``"gpu"`` or ``"cpu"``.
         mean_utilization: Mean utilisation in percent, or ``None``.
         peak_utilization: Highest utilisation in percent, or ``None``.
-        peak_memory_used: Highest bytes in use, or ``None``.
+        peak_memory_used: Highest bytes in use as the driver sees them (for a
+            GPU: what TensorFlow's allocator reserved), or ``None``.
         memory_total: Bytes available, or ``None``.
     """
 
@@ -123,16 +146,20 @@ class Summary(Rates):
     """What a training run used and how fast it went: throughput, devices and verdict.
 
     Args:
-        steps, images, seconds, images_per_sec, step_time_s, input_wait_share:
-            The run's throughput, warm-up excluded: steps, global examples,
-            wall seconds (input wait included), their rates (``None`` with
-            nothing measured) and the share of step time spent waiting for
-            input (``None`` when unknown: a plain `model.fit`, parameter servers).
+        steps, images, seconds, images_per_sec, step_time_s, input_wait_share,
+            left_out_steps, left_out_s, validation_s: The run's throughput, as
+            `Rates` says: every step and image counted, the rates over the
+            epochs' wall time less validation and compiling.
         devices: One `DeviceSummary` per GPU, then the CPU. Defaults to ``()``.
+        allocator_peaks: ``(device, bytes)`` per TensorFlow GPU: the most its
+            allocator held for tensors during the run
+            (``tf.config.experimental.get_memory_info``), what the model
+            really used. Defaults to ``()``.
         verdict: One sentence from `verdict`. Defaults to ``""``.
     """
 
     devices: tuple[DeviceSummary, ...] = ()
+    allocator_peaks: tuple[tuple[str, int], ...] = ()
     verdict: str = ""
 
     @property
@@ -152,28 +179,50 @@ class Summary(Rates):
     def __str__(self) -> str:
         """The multi-line text form printed at the end of training."""
         lines = [f"mdtrain monitor: {self.steps} steps, {', '.join(rate_figures(self))}"]
+        lines.append(f"  timing: {timing_text(self)}")
         for d in self.devices:
             memory = memory_text(d.peak_memory_used, d.memory_total)
             util = f"mean {percent(d.mean_utilization)}, peak {percent(d.peak_utilization)}"
             lines.append(f"  {d.name}: {util}" + (f", peak memory {memory}" if memory else ""))
+        if self.allocator_peaks:
+            peaks = ", ".join(f"{gpu} {used / 2**30:.1f} GiB" for gpu, used in self.allocator_peaks)
+            reserved = "NVML's figure is what its allocator reserved"
+            lines.append(f"  TensorFlow's peak memory: {peaks} ({reserved})")
         lines.append(f"  verdict: {self.verdict}")
         return "\n".join(lines)
 
 
 def summarize(
-    rates: Rates, samples: Sequence[Sample], *, augments_on_device: bool = False
+    rates: Rates,
+    samples: Sequence[Sample],
+    *,
+    augments_on_device: bool = False,
+    mixed_precision: bool = False,
+    since: float | None = None,
+    allocator_peaks: tuple[tuple[str, int], ...] = (),
 ) -> Summary:
-    """The run's `Summary` from its rates and device samples, verdict included."""
+    """The run's `Summary` from its rates and device samples, verdict included.
+
+    ``since`` (``Sample.time``'s clock) keeps only the driver's own samples
+    taken from then on; ``allocator_peaks`` goes into the summary as it is.
+    """
     names = dict.fromkeys(d.name for s in samples for d in s.devices)
-    devices = tuple(_device_summary(name, samples) for name in names)
-    run = Summary(**asdict(rates), devices=devices)
-    said = verdict(run.input_wait_share, run.gpu_utilization, augments_on_device=augments_on_device)
+    devices = tuple(_device_summary(name, samples, since) for name in names)
+    run = Summary(**asdict(rates), devices=devices, allocator_peaks=tuple(allocator_peaks))
+    said = verdict(
+        run.input_wait_share,
+        run.gpu_utilization,
+        augments_on_device=augments_on_device,
+        mixed_precision=mixed_precision,
+    )
     return replace(run, verdict=said)
 
 
-def _device_summary(name: str, samples: Sequence[Sample]) -> DeviceSummary:
+def _device_summary(name: str, samples: Sequence[Sample], since: float | None) -> DeviceSummary:
     readings = [d for s in samples for d in s.devices if d.name == name]
-    utils = [d.utilization for d in readings if d.utilization is not None]
+    # The driver's own samples where it keeps them (NVML: every 1/6 s or so), else our readings.
+    busy = [value for d in readings for when, value in d.busy if since is None or when >= since]
+    utils = busy or [d.utilization for d in readings if d.utilization is not None]
     mems = [d.memory_used for d in readings if d.memory_used is not None]
     totals = [d.memory_total for d in readings if d.memory_total is not None]
     return DeviceSummary(
@@ -197,6 +246,19 @@ def epoch_line(epoch: int, epochs: int | None, summary: Summary) -> str:
         f"epoch {count(epoch + 1, epochs)}: {summary.steps} steps, "
         f"{', '.join(rate_figures(summary))}, util {util or 'n/a'}"
     )
+
+
+def timing_text(rates: Rates) -> str:
+    """What the rates' seconds hold and leave out, in words."""
+    text = f"{rates.seconds:.1f} s of training, epoch boundaries included"
+    if rates.left_out_steps:
+        text += (
+            f"; left out: {rates.left_out_steps} steps in {rates.left_out_s:.1f} s of tracing "
+            "and compiling (the first call of each batch size)"
+        )
+    if rates.validation_s:
+        text += f"; validation {rates.validation_s:.1f} s, on its own"
+    return text
 
 
 def rate_figures(rates: Rates) -> list[str]:

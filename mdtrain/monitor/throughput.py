@@ -1,4 +1,13 @@
-"""Step time, images/sec and input-wait share, counted from batch hooks (no Keras here)."""
+"""Images/sec, step time and input-wait share of a run, on the clock the user waits on.
+
+The run's time is its epochs' wall time, from each epoch's start to its end,
+so the epoch boundaries (iterator creation, the end-of-epoch work) count, less
+two things reported on their own: validation, and the calls that traced and
+compiled (the first call of the run and the first of each new batch size,
+where the batch size is known). A figure a step reports lazily (a tensor, or a
+callable that reads one) is read with the rates, never after each step, so the
+meter costs a step microseconds. No Keras or TensorFlow here.
+"""
 
 from __future__ import annotations
 
@@ -6,112 +15,221 @@ import collections
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from mdtrain.monitor.summary import Rates
 
 
+def _read(value):
+    """A figure as a float: a callable is called, a tensor converted; ``None`` stays."""
+    if callable(value):
+        value = value()
+    return None if value is None else float(value)
+
+
+@dataclass
+class _Call:
+    """One `batch_end`: the steps since the previous one, their images, seconds and wait."""
+
+    steps: int
+    images: object  # number, tensor or callable; None: steps x the global batch size
+    seconds: float  # from the previous call's end (or the epoch's start) to this one's
+    wait_s: object  # likewise; None: not measured
+
+
 @dataclass
 class _Totals:
-    """Figures summed over some steps, for `Rates`."""
+    """Figures summed over some calls: a whole run, one epoch, or the last few calls."""
 
     steps: int = 0
     images: int = 0
-    seconds: float = 0.0
+    timed_steps: int = 0
+    timed_images: int = 0
+    call_seconds: float = 0.0  # the timed calls' own seconds: step time, input wait included
     wait_s: float = 0.0
-    wait_seconds: float = 0.0  # step time of the steps that reported a wait
-    # (images, wait_s, seconds) unread: tensors are read with the rates, not after each step.
-    lazy: list = field(default_factory=list)
+    waited_seconds: float = 0.0  # the seconds of the calls that reported a wait
+    left_out_steps: int = 0
+    left_out_s: float = 0.0
+    validation_s: float = 0.0
+    closed_epochs_s: float = 0.0  # the wall time of the epochs that ended
+    open_epoch_t0: float | None = None  # the running epoch's start
 
-    def add(self, steps: int, images, seconds: float, wait_s) -> None:
-        self.steps += steps
-        self.seconds += seconds
-        self.lazy.append((images, wait_s, seconds))
-        if len(self.lazy) > 1000:
-            self.rates()
+    def add(self, call: _Call, steps_images: int, wait_s: float | None, left_out: bool) -> None:
+        self.steps += call.steps
+        self.images += steps_images
+        if left_out:
+            self.left_out_steps += call.steps
+            self.left_out_s += call.seconds
+            return
+        self.timed_steps += call.steps
+        self.timed_images += steps_images
+        self.call_seconds += call.seconds
+        if wait_s is not None:
+            self.wait_s += min(wait_s, call.seconds)
+            self.waited_seconds += call.seconds
 
-    def rates(self) -> Rates:
-        for images, wait_s, seconds in self.lazy:
-            self.images += round(float(images))
-            if wait_s is not None:
-                self.wait_s += min(float(wait_s), seconds)
-                self.wait_seconds += seconds
-        self.lazy.clear()
-        s = self.seconds
+    def rates(self, now: float) -> Rates:
+        running = now - self.open_epoch_t0 if self.open_epoch_t0 is not None else 0.0
+        seconds = max(0.0, self.closed_epochs_s + running - self.validation_s - self.left_out_s)
+        if self.open_epoch_t0 is None and not self.closed_epochs_s:
+            seconds = self.call_seconds  # calls counted outside epochs: the recent ones
         return Rates(
             steps=self.steps,
             images=self.images,
-            seconds=s,
-            images_per_sec=self.images / s if s > 0 else None,
-            step_time_s=s / self.steps if self.steps else None,
-            input_wait_share=self.wait_s / self.wait_seconds if self.wait_seconds > 0 else None,
+            seconds=seconds,
+            images_per_sec=self.timed_images / seconds if seconds > 0 else None,
+            step_time_s=seconds / self.timed_steps if self.timed_steps else None,
+            input_wait_share=(
+                self.wait_s / self.waited_seconds if self.waited_seconds > 0 else None
+            ),
+            left_out_steps=self.left_out_steps,
+            left_out_s=self.left_out_s,
+            validation_s=self.validation_s,
         )
 
 
 class ThroughputMeter:
-    """Step time, images/sec and input-wait share from batch hooks; a live view may read it."""
+    """Images/sec, step time and input-wait share from a loop's hooks; a live view may read it.
 
-    # A step runs from the previous step's end (so it holds the input wait); the first
-    # ``warmup_steps`` calls (tracing, compiling) count in no rate, whatever steps they hold.
+    Driven by `epoch_begin`, `batch_end` (one call per executed call of the
+    step function, holding ``steps`` steps), `validation_begin`/`validation_end`
+    and `epoch_end`. A call's time runs from the previous call's end (or the
+    epoch's start), so it holds the wait for its input. The run's and an
+    epoch's images/sec divide the images of the timed calls by the epochs' wall
+    time less validation and the left-out calls (see the module doc).
+
+    Args:
+        global_batch_size: Examples per step over all replicas, for calls
+            that report no image count.
+        clock: Time source. Defaults to ``time.perf_counter``.
+
+    Raises:
+        ValueError: If ``global_batch_size`` is below 1.
+    """
 
     def __init__(
-        self,
-        global_batch_size: int,
-        *,
-        warmup_steps: int = 1,
-        clock: Callable[[], float] = time.perf_counter,
+        self, global_batch_size: int, *, clock: Callable[[], float] = time.perf_counter
     ) -> None:
         if global_batch_size < 1:
             raise ValueError(f"global_batch_size must be >= 1, got {global_batch_size}")
         self.global_batch_size = int(global_batch_size)
-        self.warmup_steps = int(warmup_steps)
         self._clock = clock
         self._lock = threading.Lock()
-        # The last 20 `batch_end` calls: the "current" rate a live view shows.
-        self._recent: collections.deque[tuple] = collections.deque(maxlen=20)
-        self._train = _Totals()
-        self._seen = 0  # batch_end calls since training began, warm-up included
+        self._run = _Totals()
+        self._epoch = _Totals()
+        self._recent: collections.deque[_Call] = collections.deque(maxlen=20)  # the live rate
+        self._unread: list[tuple[_Call, tuple[_Totals, ...]]] = []
+        self._sizes_seen: set[float] = set()  # per-step batch sizes already compiled for
+        self._calls = 0
+        self._validation_t0: float | None = None
+        self.epoch_step = 0  # steps finished in the current epoch
         self.epoch_begin()
 
     def epoch_begin(self) -> None:
-        """Starts a new epoch's counts; gaps between epochs are not step time."""
+        """Starts an epoch: its wall time counts from now."""
         with self._lock:
-            self._epoch = _Totals()
-            self._last_end = self._clock()
+            now = self._clock()
+            self._close_epoch(now)
+            self._epoch = _Totals(open_epoch_t0=now)
+            self._run.open_epoch_t0 = now
+            self._last_end = now
             self._last_batch = -1
-            self.epoch_step = 0  # steps finished in the current epoch
+            self.epoch_step = 0
 
-    def batch_end(self, batch: int, batch_size=None, input_wait_s=None) -> None:
-        """Records the steps up to Keras's ``batch``; ``batch_size`` and ``input_wait_s``: lazy."""
+    def epoch_end(self) -> None:
+        """Ends the epoch: the time until the next `epoch_begin` is not training."""
+        with self._lock:
+            self._close_epoch(self._clock())
+
+    def validation_begin(self) -> None:
+        """Validation starts: its time is reported on its own, not as training."""
+        self._validation_t0 = self._clock()
+
+    def validation_end(self) -> None:
+        """Validation ends."""
+        if self._validation_t0 is None:
+            return
+        now = self._clock()
+        seconds, self._validation_t0 = now - self._validation_t0, None
+        with self._lock:
+            self._run.validation_s += seconds
+            self._epoch.validation_s += seconds
+            self._last_end = now
+
+    def steps_until(self, batch: int) -> int:
+        """The steps a `batch_end` for ``batch`` would record: those since the last call."""
+        return max(1, batch - self._last_batch)
+
+    def batch_end(self, batch: int, images=None, input_wait_s=None) -> None:
+        """Records the steps up to the loop's ``batch`` (zero-based, in the epoch).
+
+        Args:
+            batch: The index of the call's last step in the epoch.
+            images: The call's global examples: a number, a tensor or a
+                callable, read later. Defaults to ``None`` (steps x
+                ``global_batch_size``).
+            input_wait_s: Seconds the call waited for input, likewise.
+                Defaults to ``None`` (not measured).
+        """
         now = self._clock()
         with self._lock:
-            steps = max(1, batch - self._last_batch)
+            steps = self.steps_until(batch)
             self._last_batch = batch
-            seconds, self._last_end = max(0.0, now - self._last_end), now
-            images = batch_size if batch_size is not None else self.global_batch_size * steps
-            self._seen += 1
+            call = _Call(steps, images, max(0.0, now - self._last_end), input_wait_s)
+            self._last_end = now
             self.epoch_step += steps
-            if self._seen <= self.warmup_steps:
-                return
-            self._train.add(steps, images, seconds, input_wait_s)
-            self._epoch.add(steps, images, seconds, input_wait_s)
-            self._recent.append((steps, images, seconds, input_wait_s))
+            self._unread.append((call, (self._run, self._epoch)))
+            self._recent.append(call)
+            if len(self._unread) > 1000:  # read now and then: constant memory
+                self._read_calls()
 
     def train_rates(self) -> Rates:
-        """Rates over all of training (warm-up excluded)."""
+        """Rates over the run so far."""
         with self._lock:
-            return self._train.rates()
+            self._read_calls()
+            return self._run.rates(self._clock())
 
     def epoch_rates(self) -> Rates:
         """Rates over the current (or just finished) epoch."""
         with self._lock:
-            return self._epoch.rates()
+            self._read_calls()
+            return self._epoch.rates(self._clock())
 
     def current_rates(self) -> Rates:
-        """Rates over the last 20 `batch_end` calls: what a live view shows."""
+        """Rates over the last 20 calls, their own seconds only: what a live view shows."""
         with self._lock:
+            self._read_calls()
             recent = list(self._recent)
         totals = _Totals()
-        for row in recent:
-            totals.add(*row)
-        return totals.rates()
+        for call in recent:
+            totals.add(call, *self._figures(call), left_out=False)
+        return totals.rates(self._clock())
+
+    def _close_epoch(self, now: float) -> None:
+        for totals in (self._run, self._epoch):
+            if totals.open_epoch_t0 is not None:
+                totals.closed_epochs_s += now - totals.open_epoch_t0
+                totals.open_epoch_t0 = None
+
+    def _figures(self, call: _Call) -> tuple[int, float | None]:
+        images = _read(call.images)
+        images = self.global_batch_size * call.steps if images is None else round(images)
+        return images, _read(call.wait_s)
+
+    def _read_calls(self) -> None:
+        """Adds the unread calls to their totals, in order (a call's figures may be tensors)."""
+        for call, totals in self._unread:
+            images, wait_s = self._figures(call)
+            left_out = self._compiles(call, images)
+            for each in totals:
+                each.add(call, images, wait_s, left_out)
+        self._unread.clear()
+
+    def _compiles(self, call: _Call, images: int) -> bool:
+        """Whether the call likely traced and compiled: the run's first, or a new batch size."""
+        self._calls += 1
+        size = images / call.steps if call.images is not None else None
+        new_size = size is not None and size not in self._sizes_seen
+        if size is not None:
+            self._sizes_seen.add(size)
+        return self._calls == 1 or new_size

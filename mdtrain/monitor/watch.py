@@ -1,0 +1,162 @@
+"""`monitor.watch(dataset)`: the input wait of plain Keras `fit` and of a custom loop, measured.
+
+Two ways, one per place the wait happens:
+
+- A custom loop calls ``next()`` on a distributed iterator in Python, and
+  that call blocks for exactly the step's wait: `WatchedDistributedDataset`
+  times it on the loop's own thread. Cost: two clock reads per step.
+- Plain `fit` fetches inside Keras' compiled train function, out of a
+  callback's sight. `stamp_dataset` zips the dataset between two datasets of
+  timestamps: `Zip` asks its inputs for their next element in order, on one
+  thread, so each element comes with the wall time its consumer asked for it
+  and the time it was handed over; a map puts both in a host queue.
+  `mdtrain.monitor.stamps` sets the hand-over time against the step's start
+  (the previous step's end), which the callback sees. Under a strategy the
+  consumer is the distributed iterator's prefetch thread, one element per
+  replica ahead of the step, so the time it blocks would overstate the step's
+  wait, and is not used. Not measured: the copy from the host to the device
+  after the hand-over (microseconds on CPU replicas; on a GPU, the batch's
+  transfer). This was chosen over changing Keras' train function (a private
+  API that each Keras release may move) because it uses public tf.data only.
+  Cost: two timestamps and a queue entry per batch, on the input thread.
+
+Under op determinism (`tf.config.experimental.enable_op_determinism`)
+TensorFlow refuses `tf.timestamp`, and `watch` returns the dataset as it was.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import tensorflow as tf
+
+from mdtrain.compat import op_determinism_enabled
+from mdtrain.monitor.sampler import say_once
+from mdtrain.monitor.stamps import Stamp
+
+
+def _rows(component) -> tf.Tensor:
+    """The batch size of one component of an element: its first dimension (1 for a scalar)."""
+    if isinstance(component, tf.RaggedTensor):
+        return tf.cast(component.nrows(), tf.int32)
+    if isinstance(component, tf.SparseTensor):
+        return tf.cast(component.dense_shape[0], tf.int32)
+    return tf.reduce_prod(tf.shape(component)[:1])
+
+
+class StampQueue:
+    """A host queue of `Stamp` figures that watched datasets fill and the monitor drains."""
+
+    def __init__(self) -> None:
+        # Unbounded (capacity -1): a dataset watched by no monitor must never block on it.
+        with tf.init_scope(), tf.device("/cpu:0"):
+            self._queue = tf.queue.FIFOQueue(
+                -1, [tf.int64, tf.float64, tf.float64, tf.int32], shapes=[[], [], [], []]
+            )
+
+    def stamp_dataset(self, dataset: tf.data.Dataset) -> tf.data.Dataset:
+        """``dataset``'s elements, unchanged, each stamped into this queue as it is handed out."""
+        asked = tf.data.Dataset.counter().map(lambda index: (index, tf.timestamp()))
+        handed_over = tf.data.Dataset.from_tensors(0).repeat().map(lambda _: tf.timestamp())
+
+        def record(index_and_asked, element, got):
+            index, asked_at = index_and_asked
+            rows = _rows(tf.nest.flatten(element)[0])
+            stamped = self._queue.enqueue((index, asked_at, got, rows))
+            with tf.control_dependencies([stamped]):  # the element waits for its stamp
+                return tf.nest.map_structure(tf.identity, element)
+
+        return tf.data.Dataset.zip((asked, dataset, handed_over)).map(record)
+
+    def drain(self) -> list[Stamp]:
+        """The stamps recorded since the last drain, in order."""
+        count = int(self._queue.size())
+        if count == 0:
+            return []
+        columns = [column.numpy().tolist() for column in self._queue.dequeue_many(count)]
+        return [Stamp(*row) for row in zip(*columns, strict=True)]
+
+
+class HostWait:
+    """Seconds a loop's thread spent in ``next()`` on a watched distributed iterator."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.calls = 0
+
+    def take(self) -> float | None:
+        """The seconds since the last `take`, or ``None`` if no ``next()`` ran since."""
+        if not self.calls:
+            return None
+        seconds, self.seconds, self.calls = self.seconds, 0.0, 0
+        return seconds
+
+    def clear(self) -> None:
+        """Forgets what was timed (validation between epochs is not a training step's wait)."""
+        self.seconds, self.calls = 0.0, 0
+
+
+class WatchedIterator:
+    """An iterator of a distributed dataset whose ``next()`` adds its blocking time to a wait."""
+
+    def __init__(self, iterator, wait: HostWait) -> None:
+        self._iterator = iterator
+        self._wait = wait
+
+    def __iter__(self) -> WatchedIterator:
+        return self
+
+    def __next__(self):
+        return self._timed(next, self._iterator)
+
+    def get_next(self):
+        """`tf.distribute.DistributedIterator.get_next`, timed."""
+        return self._timed(self._iterator.get_next)
+
+    def get_next_as_optional(self):
+        """`tf.distribute.DistributedIterator.get_next_as_optional`, timed."""
+        return self._timed(self._iterator.get_next_as_optional)
+
+    def __getattr__(self, name: str):
+        return getattr(self._iterator, name)  # element_spec and the rest, unchanged
+
+    def _timed(self, fetch, *args):
+        started = time.perf_counter()
+        try:
+            return fetch(*args)
+        finally:
+            self._wait.seconds += time.perf_counter() - started
+            self._wait.calls += 1
+
+
+class WatchedDistributedDataset:
+    """A distributed dataset whose iterators time their ``next()``: iterate it in Python."""
+
+    def __init__(self, dataset, wait: HostWait) -> None:
+        self._dataset = dataset
+        self._wait = wait
+
+    def __iter__(self) -> Iterator:
+        return WatchedIterator(iter(self._dataset), self._wait)
+
+    def __getattr__(self, name: str):
+        return getattr(self._dataset, name)  # element_spec, reduce, ... unchanged
+
+
+def watched(dataset, stamps: StampQueue, wait: HostWait):
+    """``dataset`` (tf.data or distributed) watched as `MonitorCallback.watch` says."""
+    if isinstance(dataset, tf.data.Dataset):
+        if op_determinism_enabled():
+            say_once(
+                "mdtrain.monitor: op determinism refuses tf.timestamp, so the input wait "
+                "under fit is not measured"
+            )
+            return dataset
+        return stamps.stamp_dataset(dataset)
+    if isinstance(dataset, tf.distribute.DistributedDataset):
+        return WatchedDistributedDataset(dataset, wait)
+    raise TypeError(
+        "monitor.watch takes a tf.data.Dataset (for model.fit) or a distributed dataset "
+        f"(strategy.experimental_distribute_dataset, for a custom loop); got {type(dataset)}"
+    )
