@@ -326,8 +326,8 @@ def _random_b0_notop(size: int, folder: str) -> str:
 
 def mdtrain_run(run: dict, work: str, record: dict) -> None:
     """`mdtrain train ARGS` as the CLI parses it, through `train()`; its figures into `record`."""
-    from mdtrain.cli import build_parser
-    from mdtrain.training import TrainConfig, train
+    from mdtrain.cli import config_from_args
+    from mdtrain.training import train
 
     argv = list(run["argv"])
     if RANDOM_B0 in argv:
@@ -337,15 +337,7 @@ def mdtrain_run(run: dict, work: str, record: dict) -> None:
     record["argv"] = argv
     try:
         with contextlib.redirect_stdout(tee), contextlib.redirect_stderr(tee):
-            args = build_parser().parse_args(["train", *argv])
-            options = {
-                k: v
-                for k, v in vars(args).items()
-                if k not in ("command", "json", "mark_after", "mark_file")
-            }
-            config = TrainConfig(**options)
-            config.validate()
-            result = train(config, callbacks=[timer])
+            result = train(config_from_args(argv), callbacks=[timer])
     finally:
         record["printed"] = _printed(tee.lines())
     summary = result.summary()

@@ -45,8 +45,8 @@ _ALIASES = {
 
 def check_strategy_name(name: str) -> None:
     """Raises `UsageError` unless offered; the articles' other strategies get a one-line reason."""
-    m = CPU_STRATEGY.match(name)
-    offered = name in STRATEGIES[:-1] or (m and int(m.group(1)) >= 1)
+    cpu_replicas = CPU_STRATEGY.match(name)
+    offered = name in STRATEGIES[:-1] or (cpu_replicas and int(cpu_replicas.group(1)) >= 1)
     if offered or (name == PS_STRATEGY and _is_ps_chief()):
         return
     key = re.sub(r"[-_ ]", "", name.lower())

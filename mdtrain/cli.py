@@ -15,6 +15,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+from mdtrain.config import TrainConfig
 from mdtrain.errors import USAGE_EXIT_CODE, UsageError
 from mdtrain.tf_import import import_tensorflow
 
@@ -24,7 +25,7 @@ class _Help(argparse.ArgumentDefaultsHelpFormatter):
 
     def _get_help_string(self, action):
         told = "(default" in (action.help or "")
-        if told or any(action.default is v for v in (None, False, True)):
+        if told or any(action.default is value for value in (None, False, True)):
             return action.help
         return super()._get_help_string(action)
 
@@ -49,8 +50,8 @@ def _positive_int(text: str) -> int:
 
 def _add_data(sub) -> None:
     data = sub.add_parser("data", help="make, fetch or check a class-folder dataset")
-    dsub = data.add_subparsers(dest="data_command", required=True, parser_class=_Parser)
-    synth = dsub.add_parser(
+    data_commands = data.add_subparsers(dest="data_command", required=True, parser_class=_Parser)
+    synth = data_commands.add_parser(
         "synth", help="write the synthetic demo dataset (JPEG, train/ and val/)"
     )
     synth.add_argument("out", help="new folder for the dataset")
@@ -58,11 +59,15 @@ def _add_data(sub) -> None:
     synth.add_argument("--per-class", type=int, default=300, help="training images per class")
     synth.add_argument("--image-size", type=int, default=256, help="side of the images, pixels")
     synth.add_argument("--seed", type=int, default=0, help="seed of the drawing")
-    digits = dsub.add_parser("digits", help="write scikit-learn's handwritten digits (PNG)")
+    digits = data_commands.add_parser(
+        "digits", help="write scikit-learn's handwritten digits (PNG)"
+    )
     digits.add_argument("out", help="new folder for the dataset")
-    flowers = dsub.add_parser("flowers", help="download TensorFlow's flower photos (needs network)")
+    flowers = data_commands.add_parser(
+        "flowers", help="download TensorFlow's flower photos (needs network)"
+    )
     flowers.add_argument("--cache-dir", default="data", help="where the download is kept")
-    check = dsub.add_parser(
+    check = data_commands.add_parser(
         "check", help="report classes, counts, unreadable and mislabelled files"
     )
     check.add_argument("dir", help="a class-folder dataset (train/ and val/, or class folders)")
@@ -72,175 +77,171 @@ def _add_data(sub) -> None:
 def _add_train(sub) -> None:
     from mdtrain import choices
     from mdtrain.choices import AUGMENT_IN, CLASS_WEIGHTS, LITE0, LOOPS, MODELS, STRATEGIES
-    from mdtrain.training import TrainConfig  # no TensorFlow at import
 
-    t = sub.add_parser("train", help="train an image classifier under a distribution strategy")
-    t.add_argument(
+    parser = sub.add_parser("train", help="train an image classifier under a distribution strategy")
+    parser.add_argument(
         "--data",
         help="dataset folder with one sub-folder per class (default: the "
         "demo dataset, made on first use)",
     )
-    g = t.add_mutually_exclusive_group()
-    g.add_argument(
+    validation = parser.add_mutually_exclusive_group()
+    validation.add_argument(
         "--val-data",
         help="validation folder with the same class folders (default: "
         "val/ beside train/ in --data, else --validation-split)",
     )
-    g.add_argument(
+    validation.add_argument(
         "--validation-split",
         type=float,
         help="share of --data held out for validation, in [0, 1); 0: none, use val/ or --val-data",
     )
-    t.add_argument("--model", help=f"the classifier: {', '.join(MODELS)}")
-    t.add_argument("--weights", help="imagenet, none, or a weights file (EfficientNet models only)")
+    parser.add_argument("--model", help=f"the classifier: {', '.join(MODELS)}")
+    parser.add_argument(
+        "--weights", help="imagenet, none, or a weights file (EfficientNet models only)"
+    )
     sizes = {name: TrainConfig(model=name).resolved_image_size for name in ("small-cnn", LITE0)}
-    t.add_argument(
+    parser.add_argument(
         "--image-size",
         type=int,
         help="side of the square input (default: "
         f"{sizes['small-cnn']} for small-cnn, {sizes[LITE0]} otherwise)",
     )
-    b = t.add_mutually_exclusive_group()
-    b.add_argument(
+    batch_size = parser.add_mutually_exclusive_group()
+    batch_size.add_argument(
         "--batch-size-per-replica",
         type=int,
         help="examples per replica per step (default: 32 per replica)",
     )
-    b.add_argument(
+    batch_size.add_argument(
         "--global-batch-size",
         type=int,
         help="examples per step over all replicas, a multiple of the replicas "
         "(default: 32 per replica x the replicas)",
     )
-    t.add_argument("--epochs", type=int, help="training epochs")
-    t.add_argument(
+    parser.add_argument("--epochs", type=int, help="training epochs")
+    parser.add_argument(
         "--fine-tune-epochs",
         type=int,
         help="then epochs of fine-tuning the top of a pretrained base",
     )
-    t.add_argument(
+    parser.add_argument(
         "--learning-rate", type=float, help="peak learning rate (cosine decay to a tenth)"
     )
-    t.add_argument(
+    parser.add_argument(
         "--warmup-epochs",
         type=int,
         help="first rise linearly from 0 to "
         "--learning-rate over this many epochs (fewer than --epochs)",
     )
-    t.add_argument("--strategy", help=f"{', '.join(STRATEGIES)} (N virtual CPU replicas)")
-    t.add_argument(
+    parser.add_argument("--strategy", help=f"{', '.join(STRATEGIES)} (N virtual CPU replicas)")
+    parser.add_argument(
         "--loop",
         help=f"{' or '.join(LOOPS)}: model.fit, or the custom strategy.run loop (same weights)",
     )
-    t.add_argument(
+    parser.add_argument(
         "--steps-per-execution",
         type=int,
         help="training steps per call of the "
         "compiled step; callbacks see every N-th (default: 16, or the largest "
         "divisor of --backup-every-steps up to 16)",
     )
-    t.add_argument(
+    parser.add_argument(
         "--mixed-precision",
         action="store_true",
         help="bfloat16; float16 with loss scaling on GPUs below compute capability 8.0 (T4, V100)",
     )
-    t.add_argument(
+    parser.add_argument(
         "--no-augment",
         dest="augment",
         action="store_false",
         help="train without random flips, rotations and zooms",
     )
-    t.add_argument(
+    parser.add_argument(
         "--augment-in",
         help=f"{', '.join(AUGMENT_IN)}: augment in the input "
         "pipeline (CPU) or in the training step (each replica's device); auto: "
         "in the training step",
     )
-    t.add_argument("--dropout", type=float, help="dropout before the last layer")
-    t.add_argument(
+    parser.add_argument("--dropout", type=float, help="dropout before the last layer")
+    parser.add_argument(
         "--batch-norm",
         help=f"{', '.join(choices.BATCH_NORMS)}: global statistics "
         "(N replicas = 1), Keras' synchronized or per-replica layer",
     )
-    t.add_argument(
+    parser.add_argument(
         "--class-weight",
         help=f"{' or '.join(CLASS_WEIGHTS)}: auto weighs the loss to balance classes",
     )
-    t.add_argument("--seed", type=int, help="seed of weights, shuffling and augmentation")
-    t.add_argument(
+    parser.add_argument("--seed", type=int, help="seed of weights, shuffling and augmentation")
+    parser.add_argument(
         "--deterministic",
         action="store_true",
         help="bit-reproducible runs: "
         "slower, on GPUs more (deterministic, slower cuDNN algorithms); refused "
         "before training where TensorFlow has no deterministic op",
     )
-    _add_train_keeping(t)
+    _add_train_keeping(parser)
     # `TrainConfig` holds each training default once: the options use and show its values.
-    t.set_defaults(**{f.name: f.default for f in dataclasses.fields(TrainConfig)})
+    parser.set_defaults(**{field.name: field.default for field in dataclasses.fields(TrainConfig)})
 
 
-def _add_train_keeping(t) -> None:
+def _add_train_keeping(parser) -> None:
     """Where `train` keeps decoded images, backups and results, and what it shows."""
     from mdtrain.choices import CACHE_MODES, MONITOR_DISPLAYS
 
-    t.add_argument(
+    parser.add_argument(
         "--cache",
         help=f"{', '.join(CACHE_MODES)}: where decoded images are kept; auto keeps "
         "them in memory when they fit, else on disk with --cache-dir, else "
         "streams them",
     )
-    t.add_argument(
+    parser.add_argument(
         "--cache-dir",
         help="folder for --cache disk, never inside your data "
         "(default: none: --cache auto streams what memory cannot hold)",
     )
-    t.add_argument(
+    parser.add_argument(
         "--backup-dir",
         help="back up to this folder every epoch, and resume from it (default: no backups)",
     )
-    t.add_argument(
+    parser.add_argument(
         "--backup-every-steps",
         type=int,
         help="also back up every N steps within an epoch (needs --backup-dir; "
         "default: at the end of each epoch only)",
     )
-    t.add_argument(
+    parser.add_argument(
         "--output",
         help="new folder for model.keras, history.json, report.json "
         "and, with a monitor, its chart monitor.png "
         "(default: nothing written)",
     )
-    t.add_argument(
+    parser.add_argument(
         "--monitor",
         help=f"{', '.join(MONITOR_DISPLAYS)}: auto is a live dashboard in notebooks, "
         "a text line per epoch elsewhere",
     )
-    t.add_argument("--json", action="store_true", help="end with one JSON summary line")
-    t.add_argument("--log-every", type=int, help="--strategy ps: steps per point of the loss curve")
-    t.add_argument(
-        "--mark-after",
-        type=int,
-        help="fault drill: create --mark-file after this "
-        "many steps, for kill_worker_when (default: none)",
+    parser.add_argument("--json", action="store_true", help="end with one JSON summary line")
+    parser.add_argument(
+        "--log-every", type=int, help="--strategy ps: steps per point of the loss curve"
     )
-    t.add_argument("--mark-file", help="fault drill: the file --mark-after creates (default: none)")
 
 
 def _add_launch(sub) -> None:
     from mdtrain.launcher.processes import HANG_TIMEOUT_S
 
-    la = sub.add_parser(
+    parser = sub.add_parser(
         "launch",
         help="run `mdtrain train --strategy multiworker` as N local workers",
         usage="mdtrain launch --workers N [--ps M] [--restarts R] [--gpus-per-worker K] -- <args>",
     )
-    la.add_argument(
+    parser.add_argument(
         "--workers",
         type=int,
         required=True,
         help="worker processes on this machine, 127.0.0.1 only (required)",
     )
-    la.add_argument(
+    parser.add_argument(
         "--ps",
         type=int,
         default=0,
@@ -248,18 +249,18 @@ def _add_launch(sub) -> None:
         help="M parameter servers: asynchronous parameter-server training (notebook 09); "
         "0: multi-worker training",
     )
-    la.add_argument(
+    parser.add_argument(
         "--restarts", type=int, default=0, help="restart all workers up to R times when one fails"
     )
-    la.add_argument("--log-dir", help="per-worker logs (default: a temporary folder)")
-    la.add_argument(
+    parser.add_argument("--log-dir", help="per-worker logs (default: a temporary folder)")
+    parser.add_argument(
         "--hang-timeout",
         type=float,
         default=HANG_TIMEOUT_S,
         help="seconds after which workers count as stuck: one finished and the "
         "others not, or none printed anything",
     )
-    la.add_argument(
+    parser.add_argument(
         "--gpus-per-worker",
         type=int,
         default=None,
@@ -267,7 +268,7 @@ def _add_launch(sub) -> None:
         help="GPUs in each worker's CUDA_VISIBLE_DEVICES (default: the GPUs split evenly; "
         "0: workers on the CPU)",
     )
-    la.add_argument(
+    parser.add_argument(
         "train_args",
         nargs=argparse.REMAINDER,
         help="after --: the mdtrain train arguments (a leading 'train' is fine)",
@@ -277,31 +278,35 @@ def _add_launch(sub) -> None:
 def _add_predict(sub) -> None:
     from mdtrain.choices import LITE0
 
-    p = sub.add_parser(
+    parser = sub.add_parser(
         "predict",
         help="classify image files with a trained model or the ImageNet network",
         usage="mdtrain predict IMAGE_OR_DIR... (--model-file RUN/model.keras | "
         "--model efficientnet-lite0 --weights imagenet) [--top K] [--json]",
     )
-    p.add_argument(
+    parser.add_argument(
         "paths",
         nargs="+",
         metavar="IMAGE_OR_DIR",
         help="image files and folders (searched recursively)",
     )
-    g = p.add_mutually_exclusive_group(required=True)
-    g.add_argument(
+    model_source = parser.add_mutually_exclusive_group(required=True)
+    model_source.add_argument(
         "--model-file",
         help="a run's model.keras, class names from its report.json (this or --model is required)",
     )
-    g.add_argument(
+    model_source.add_argument(
         "--model",
         help=f"{LITE0}: the pretrained ImageNet network (this or --model-file is required)",
     )
-    p.add_argument("--weights", default="imagenet", help="with --model: imagenet or a weights file")
-    p.add_argument("--top", type=_positive_int, default=5, help="classes listed per image")
-    p.add_argument("--image-size", type=_positive_int, help="input side (default: the model's)")
-    p.add_argument("--json", action="store_true", help="end with one JSON object")
+    parser.add_argument(
+        "--weights", default="imagenet", help="with --model: imagenet or a weights file"
+    )
+    parser.add_argument("--top", type=_positive_int, default=5, help="classes listed per image")
+    parser.add_argument(
+        "--image-size", type=_positive_int, help="input side (default: the model's)"
+    )
+    parser.add_argument("--json", action="store_true", help="end with one JSON object")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -341,21 +346,50 @@ def _run_data(args) -> int:
     return 0
 
 
+#: The options of `mdtrain train` that are not `TrainConfig` fields: they say what to print.
+_DISPLAY_OPTIONS = ("command", "json")
+
+
+def config_from_args(argv: Sequence[str]) -> TrainConfig:
+    """The checked `TrainConfig` of `mdtrain train ARGV`, as the command builds it.
+
+    The one conversion from the command line to a run's configuration: the
+    command, the benchmarks and the fault drill's chief scripts all use it, so
+    an option means the same wherever it is given. Display options (`--json`)
+    are the command's own and are left out.
+
+    Args:
+        argv: the arguments after `mdtrain train`, e.g. `["--epochs", "2"]`.
+
+    Returns:
+        A validated `TrainConfig`; unset options keep `TrainConfig`'s defaults.
+
+    Raises:
+        UsageError: for an unknown option or a bad value, in one line.
+
+    Example:
+
+    >>> config_from_args(["--epochs", "2", "--strategy", "cpu:2"]).epochs
+    2
+    """
+    return _config_of(build_parser().parse_args(["train", *argv]))
+
+
+def _config_of(args: argparse.Namespace) -> TrainConfig:
+    options = vars(args)
+    config_options = {name: options[name] for name in options if name not in _DISPLAY_OPTIONS}
+    config = TrainConfig(**config_options)
+    config.validate()  # bad input in one line, before TensorFlow starts
+    return config
+
+
 def run_train(args: argparse.Namespace) -> int:
     """`mdtrain train`: one `train(config)` of the parsed options; also a ps chief's run."""
-    from mdtrain.training import TrainConfig, train
-
-    drill = ("mark_after", "mark_file")
-    options = {k: v for k, v in vars(args).items() if k not in ("command", "json", *drill)}
-    config = TrainConfig(**options)
-    config.validate()
+    config = _config_of(args)
     import_tensorflow()
-    callbacks = []
-    if args.mark_after is not None and args.mark_file:
-        from mdtrain.ps import MarkAfter  # TensorFlow: the drill only
+    from mdtrain.training import train
 
-        callbacks.append(MarkAfter(args.mark_after, args.mark_file))
-    result = train(config, callbacks)
+    result = train(config)
     if args.json and result.is_chief:  # one summary per job, not one per worker
         print(json.dumps(result.summary()), flush=True)
     return 0
@@ -420,11 +454,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
         return _COMMANDS[args.command](args)
-    except UsageError as e:
-        print(f"mdtrain: error: {e.as_option()}", file=sys.stderr)
+    except UsageError as error:
+        print(f"mdtrain: error: {error.as_option()}", file=sys.stderr)
         return USAGE_EXIT_CODE
-    except ModuleNotFoundError as e:
-        if e.name and e.name.split(".")[0] in ("tensorflow", "keras"):
+    except ModuleNotFoundError as error:
+        if error.name and error.name.split(".")[0] in ("tensorflow", "keras"):
             print(
                 "mdtrain: error: TensorFlow is not installed; install mdtrain[cpu] or "
                 "mdtrain[gpu] (on Kaggle/Colab it is already there)",
@@ -435,8 +469,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("mdtrain: interrupted", file=sys.stderr)
         return 130
-    except Exception as e:
-        lost = _lost_peer(e)
+    except Exception as error:
+        lost = _lost_peer(error)
         if lost is None:
             raise
         print(f"mdtrain: error: {lost}", file=sys.stderr)

@@ -32,6 +32,7 @@ _NEEDED = (
     (coordinator_values.RemoteValueImpl, "_copy_to_local"),
     (tf_config, "is_op_determinism_enabled"),
     (tf_config, "disable_op_determinism"),
+    (tf.data.Dataset, "_as_serialized_graph"),
 )
 
 
@@ -136,6 +137,17 @@ def without_autotuning(ds: tf.data.Dataset) -> tf.data.Dataset:
     options = tf.data.Options()
     options.autotune.enabled = False
     return ds.with_options(options)
+
+
+def dataset_stages(ds: tf.data.Dataset) -> list[str]:
+    """The op names of `ds`'s stages, source first: `["TensorSliceDataset", "MapDataset", ...]`."""
+    # tf.data has no public view of a pipeline's stages; its maintainers point to the dataset's
+    # serialized GraphDef for that (tensorflow/tensorflow#37517). The notebooks' exercise checks
+    # read it, before tf.data's optimizations, to say which stage a learner's pipeline lacks.
+    graph = tf.compat.v1.GraphDef.FromString(ds._as_serialized_graph().numpy())
+    return [
+        node.op for node in graph.node if node.op.endswith(("Dataset", "DatasetV2", "DatasetV3"))
+    ]
 
 
 @contextlib.contextmanager

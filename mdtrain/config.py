@@ -9,17 +9,26 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
-from mdtrain import choices as c
+from mdtrain import choices
 
 OUTPUT_FILES = ("model.keras", "history.json", "report.json", "monitor.png")
+
+
+class _Rule(NamedTuple):
+    """One check of `TrainConfig.validate`: the argument, whether it holds, what is wrong if not."""
+
+    argument: str
+    holds: bool
+    problem: str
 
 
 def _folder_problem(folder: Path) -> str | None:
     """Why mdtrain could not create or write `folder`, or None: checked before training."""
     if folder.exists():
         return None if folder.is_dir() else "is a file; pass a folder"
-    parent = next(p for p in folder.absolute().parents if p.exists())
+    parent = next(path for path in folder.absolute().parents if path.exists())
     if not parent.is_dir():
         return f"cannot be created: {parent} is a file"
     if not os.access(parent, os.W_OK | os.X_OK):
@@ -90,119 +99,145 @@ class TrainConfig:
 
     def validate(self) -> None:
         """Raises `UsageError` for any value that cannot work, before TensorFlow starts."""
-        c.check_strategy_name(self.strategy)
-        c.check_model_name(self.model)
-        c.check_batch_sizes(self.batch_size_per_replica, self.global_batch_size)
-        for argument, holds, problem in self._rules():
-            c.check(holds, argument, getattr(self, argument), problem)
+        choices.check_strategy_name(self.strategy)
+        choices.check_model_name(self.model)
+        choices.check_batch_sizes(self.batch_size_per_replica, self.global_batch_size)
+        for rule in self._rules():
+            choices.check(rule.holds, rule.argument, getattr(self, rule.argument), rule.problem)
         for argument in ("output", "backup_dir", "cache_dir"):
             folder = getattr(self, argument)
             problem = _folder_problem(Path(folder)) if folder else None
-            c.check(problem is None, argument, folder, problem)
-        taken = [n for n in OUTPUT_FILES if self.output and (Path(self.output) / n).exists()]
-        c.check(
+            choices.check(problem is None, argument, folder, problem)
+        taken = [
+            name for name in OUTPUT_FILES if self.output and (Path(self.output) / name).exists()
+        ]
+        choices.check(
             not taken,
             "output",
             self.output,
             f"already holds {', '.join(taken)}; choose a new folder (nothing was overwritten)",
         )
 
-    def _rules(self) -> list[tuple[str, bool, str]]:
-        """Every other check, one row each: (argument, whether it holds, what is wrong)."""
-        options = {
-            "loop": c.LOOPS,
-            "augment_in": c.AUGMENT_IN,
-            "class_weight": c.CLASS_WEIGHTS,
-            "cache": c.CACHE_MODES,
-            "monitor": c.MONITOR_DISPLAYS,
-            "batch_norm": c.BATCH_NORMS,
-        }
-        smallest = c.smallest_image_size(self.model)
-        pretrained = "needs a pretrained base: "
-        ps = self.strategy == c.PS_STRATEGY
-        not_ps = f"not under parameter-server training (see {c.STRATEGY_NOTEBOOK})"
+    def _rules(self) -> list[_Rule]:
+        """Every other check, grouped by what it is about."""
         return [
-            *(
-                (name, getattr(self, name) in values, f"choose one of {', '.join(values)}")
-                for name, values in options.items()
-            ),
-            (
-                "image_size",
-                self.image_size is None or self.image_size >= smallest,
-                f"{self.model} needs at least {smallest} pixels",
-            ),
-            ("dropout", 0 <= self.dropout < 1, "must be in [0, 1)"),
-            ("epochs", self.epochs >= 1, "must be at least 1"),
-            ("fine_tune_epochs", self.fine_tune_epochs >= 0, "must be at least 0"),
-            ("learning_rate", self.learning_rate > 0, "must be positive"),
-            (
+            *self._choice_rules(),
+            *self._range_rules(),
+            *self._parameter_server_rules(),
+            *self._combination_rules(),
+        ]
+
+    def _choice_rules(self) -> list[_Rule]:
+        """Options that take one of a few names."""
+        names = {
+            "loop": choices.LOOPS,
+            "augment_in": choices.AUGMENT_IN,
+            "class_weight": choices.CLASS_WEIGHTS,
+            "cache": choices.CACHE_MODES,
+            "monitor": choices.MONITOR_DISPLAYS,
+            "batch_norm": choices.BATCH_NORMS,
+        }
+        return [
+            _Rule(
+                argument, getattr(self, argument) in allowed, f"choose one of {', '.join(allowed)}"
+            )
+            for argument, allowed in names.items()
+        ]
+
+    def _range_rules(self) -> list[_Rule]:
+        """Numbers that must lie in a range."""
+        smallest = choices.smallest_image_size(self.model)
+        image_size_fits = self.image_size is None or self.image_size >= smallest
+        steps_per_execution = self.steps_per_execution
+        backup_every_steps = self.backup_every_steps
+        return [
+            _Rule("image_size", image_size_fits, f"{self.model} needs at least {smallest} pixels"),
+            _Rule("dropout", 0 <= self.dropout < 1, "must be in [0, 1)"),
+            _Rule("epochs", self.epochs >= 1, "must be at least 1"),
+            _Rule("fine_tune_epochs", self.fine_tune_epochs >= 0, "must be at least 0"),
+            _Rule("learning_rate", self.learning_rate > 0, "must be positive"),
+            _Rule(
                 "warmup_epochs",
                 0 <= self.warmup_epochs < self.epochs,
                 f"must be in [0, {self.epochs}): the warm-up is part of the training epochs",
             ),
-            (
+            _Rule(
                 "validation_split",
                 0 <= self.validation_split < 1,
                 "must be in [0, 1) (0 means no validation)",
             ),
-            ("seed", 0 <= self.seed < 2**32, "must be in [0, 2**32)"),
-            ("log_every", self.log_every >= 1, "must be at least 1"),
-            (
+            _Rule("seed", 0 <= self.seed < 2**32, "must be in [0, 2**32)"),
+            _Rule("log_every", self.log_every >= 1, "must be at least 1"),
+            _Rule(
                 "steps_per_execution",
-                self.steps_per_execution is None or self.steps_per_execution >= 1,
+                steps_per_execution is None or steps_per_execution >= 1,
                 "must be at least 1",
             ),
-            # What parameter-server training lacks: its updates are asynchronous, its
-            # workers share no disk cache, and its loop has no backups or second phase.
-            ("backup_dir", not ps or self.backup_dir is None, not_ps),
-            ("fine_tune_epochs", not ps or self.fine_tune_epochs == 0, not_ps),
-            ("mixed_precision", not ps or not self.mixed_precision, not_ps),
-            (
-                "deterministic",
-                not ps or not self.deterministic,
-                "parameter-server training's "
-                f"asynchronous updates cannot be reproduced (see {c.STRATEGY_NOTEBOOK})",
-            ),
-            (
-                "cache",
-                not ps or self.cache != "disk",
-                "parameter-server training's workers would "
-                f"all write the same cache files; use memory or none (see {c.STRATEGY_NOTEBOOK})",
-            ),
-            (
+            _Rule(
                 "backup_every_steps",
-                self.backup_every_steps is None or self.backup_every_steps >= 1,
+                backup_every_steps is None or backup_every_steps >= 1,
                 "must be at least 1",
             ),
-            (
+        ]
+
+    def _parameter_server_rules(self) -> list[_Rule]:
+        """What parameter-server training lacks."""
+        # Its updates are asynchronous, its workers share no disk cache, and its loop has no
+        # backups or second phase.
+        under_ps = self.strategy == choices.PS_STRATEGY
+        see = f"(see {choices.STRATEGY_NOTEBOOK})"
+        not_under_ps = f"not under parameter-server training {see}"
+        return [
+            _Rule("backup_dir", not under_ps or self.backup_dir is None, not_under_ps),
+            _Rule("fine_tune_epochs", not under_ps or self.fine_tune_epochs == 0, not_under_ps),
+            _Rule("mixed_precision", not under_ps or not self.mixed_precision, not_under_ps),
+            _Rule(
+                "deterministic",
+                not under_ps or not self.deterministic,
+                f"parameter-server training's asynchronous updates cannot be reproduced {see}",
+            ),
+            _Rule(
+                "cache",
+                not under_ps or self.cache != "disk",
+                "parameter-server training's workers would all write the same cache files; "
+                f"use memory or none {see}",
+            ),
+        ]
+
+    def _combination_rules(self) -> list[_Rule]:
+        """Options that need, or exclude, another."""
+        fine_tuning = self.fine_tune_epochs > 0
+        needs_pretrained = "needs a pretrained base: "
+        return [
+            _Rule(
                 "backup_every_steps",
                 self.backup_every_steps is None or bool(self.backup_dir),
                 "needs a backup folder (--backup-dir)",
             ),
-            (
+            _Rule(
                 "augment_in",
                 self.augment or self.augment_in == "auto",
                 "has nothing to place: --no-augment turns augmentation off",
             ),
-            (
+            _Rule(
                 "fine_tune_epochs",
-                self.fine_tune_epochs == 0 or self.model != "small-cnn",
-                pretrained + "use an EfficientNet model",
+                not fine_tuning or self.model != "small-cnn",
+                needs_pretrained + "use an EfficientNet model",
             ),
-            (
+            _Rule(
                 "fine_tune_epochs",
-                self.fine_tune_epochs == 0 or self.weights != "none",
-                pretrained + "pass --weights imagenet or a weights file",
+                not fine_tuning or self.weights != "none",
+                needs_pretrained + "pass --weights imagenet or a weights file",
             ),
-            (
+            _Rule(
                 "weights",
                 self.weights in ("imagenet", "none") or os.path.isfile(self.weights),
                 "no such file; pass imagenet, none, or a weights file",
             ),
             # EfficientNetV2 trains its head on a frozen base: a random base cannot learn.
-            (
+            _Rule(
                 "model",
-                self.weights != "none" or self.model not in c.EFFICIENTNETS,
+                self.weights != "none" or self.model not in choices.EFFICIENTNETS,
                 "trains only its head on a frozen base, so it needs --weights imagenet or a "
                 "…_notop.h5 file; to train an EfficientNet from scratch use efficientnet-lite0",
             ),

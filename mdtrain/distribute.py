@@ -20,17 +20,18 @@ from mdtrain.compat import fresh_collective_keys, without_autotuning
 from mdtrain.errors import UsageError, bad_value
 
 
-def _virtual_cpus(n: int) -> None:
+def _virtual_cpus(count: int) -> None:
+    """Splits the CPU into `count` logical devices, or says in one line why it is too late."""
     cpus = tf.config.list_physical_devices("CPU")
     try:
         tf.config.set_logical_device_configuration(
-            cpus[0], [tf.config.LogicalDeviceConfiguration() for _ in range(n)]
+            cpus[0], [tf.config.LogicalDeviceConfiguration() for _ in range(count)]
         )
     except RuntimeError:
         have = len(tf.config.list_logical_devices("CPU"))
-        if have < n:
+        if have < count:
             raise UsageError(
-                f"--strategy cpu:{n}: TensorFlow already started with {have} CPU device(s); "
+                f"--strategy cpu:{count}: TensorFlow already started with {have} CPU device(s); "
                 "virtual CPUs must be set before any TensorFlow work: restart the Python "
                 "process or notebook kernel and call configure_devices first"
             ) from None
@@ -42,7 +43,8 @@ def _processes_on_this_host() -> int:
         config = json.loads(os.environ.get("TF_CONFIG") or "{}")
         cluster, task = config["cluster"], config["task"]
         host = cluster[task["type"]][int(task["index"])].rsplit(":", 1)[0]
-        return max(1, sum(a.rsplit(":", 1)[0] == host for v in cluster.values() for a in v))
+        addresses = [address for tasks in cluster.values() for address in tasks]
+        return max(1, sum(address.rsplit(":", 1)[0] == host for address in addresses))
     except (ValueError, KeyError, IndexError, TypeError, AttributeError):
         return 1
 
@@ -101,14 +103,14 @@ def configure_devices(strategy: str = "auto", cpu_replicas: int = 2) -> None:
     """
     check_strategy_name(strategy)
     gpus = grow_gpu_memory()
-    m = _CPU.match(strategy)
-    replicas = int(m.group(1)) if m else 1
-    if m:
+    cpu_strategy = _CPU.match(strategy)
+    replicas = int(cpu_strategy.group(1)) if cpu_strategy else 1
+    if cpu_strategy:
         _virtual_cpus(replicas)
     elif strategy == "auto" and not gpus and not _tpu_available():
         replicas = cpu_replicas
         _virtual_cpus(replicas)
-    if m or (not gpus and strategy != "tpu"):
+    if cpu_strategy or (not gpus and strategy != "tpu"):
         _cpu_runtime(replicas * _processes_on_this_host())
 
 
@@ -185,13 +187,13 @@ def make_strategy(strategy: str = "auto") -> tf.distribute.Strategy:
         return _mirrored_over_gpus(gpus)
     if strategy == "one":
         return tf.distribute.OneDeviceStrategy("/gpu:0" if gpus else "/cpu:0")
-    n = int(_CPU.match(strategy).group(1))
-    if len(cpus) < n:
+    replicas = int(_CPU.match(strategy).group(1))
+    if len(cpus) < replicas:
         raise UsageError(
-            f"--strategy cpu:{n}: only {len(cpus)} CPU device(s); call configure_devices"
-            f"('cpu:{n}') before TensorFlow starts"
+            f"--strategy cpu:{replicas}: only {len(cpus)} CPU device(s); call configure_devices"
+            f"('cpu:{replicas}') before TensorFlow starts"
         )
-    return tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(n)])
+    return tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(replicas)])
 
 
 def _mirrored_over_gpus(gpus: list) -> tf.distribute.Strategy:
@@ -289,8 +291,11 @@ class BatchGeometry:
         >>> BatchGeometry(5, 5, 4).split(5)
         [2, 2, 1, 0]
         """
-        per = -(-batch_size // self.num_replicas)
-        return [max(0, min(per, batch_size - r * per)) for r in range(self.num_replicas)]
+        per_replica = -(-batch_size // self.num_replicas)  # rounded up
+        return [
+            max(0, min(per_replica, batch_size - replica * per_replica))
+            for replica in range(self.num_replicas)
+        ]
 
     def describe(self) -> str:
         """One line for the start of a run."""

@@ -16,7 +16,9 @@ class UsageError(ValueError):
 
     def __init__(self, message: str, *, argument: str | None = None, value=None, problem=""):
         super().__init__(message)
-        self.argument, self.value, self.problem = argument, value, problem
+        self.argument = argument
+        self.value = value
+        self.problem = problem
 
     def as_option(self) -> str:
         """The message as the command line words it: the argument as its `--option`."""

@@ -59,7 +59,7 @@ class WorkerDevices:
 
     def describe(self) -> str:
         """One line for a reader: where the workers run, and why."""
-        n, replicas = self.num_workers, f"{self.num_replicas} replicas in all"
+        replicas = f"{self.num_replicas} replicas in all"
         gpus = "1 GPU" if len(self.gpus) == 1 else f"{len(self.gpus)} GPUs"
         if self.gpus_per_worker:
             shares = "; ".join(
@@ -68,9 +68,9 @@ class WorkerDevices:
             )
             return f"{gpus}: {shares}; {replicas}"
         if not self.gpus:
-            return f"no GPU: {n} workers on the CPU, 1 replica each; {replicas}"
+            return f"no GPU: {self.num_workers} workers on the CPU, 1 replica each; {replicas}"
         return (
-            f"{gpus} for {n} workers: the workers run on the CPU, 1 replica each "
+            f"{gpus} for {self.num_workers} workers: the workers run on the CPU, 1 replica each "
             f"(a GPU serves one worker process); {replicas}"
         )
 
@@ -125,6 +125,8 @@ def worker_devices(
             f"{gpus_per_worker * num_workers} GPUs but {there} visible: pass fewer workers or "
             "GPUs per worker"
         )
-    k = gpus_per_worker  # consecutive and disjoint
-    shares = tuple(",".join(gpus[i * k : (i + 1) * k]) for i in range(num_workers))
+    shares = tuple(  # consecutive and disjoint
+        ",".join(gpus[worker * gpus_per_worker : (worker + 1) * gpus_per_worker])
+        for worker in range(num_workers)
+    )
     return WorkerDevices(num_workers, gpus, gpus_per_worker, shares)

@@ -20,11 +20,14 @@ class Heartbeat(keras.callbacks.Callback):
 
     def __init__(self, every_s: float, clock=time.monotonic):
         super().__init__()
-        self.every_s, self._clock = every_s, clock
-        self._epoch, self._last = 0, clock()
+        self.every_s = every_s
+        self._clock = clock
+        self._epoch = 0
+        self._last = clock()  # when the last line was printed
 
     def on_epoch_begin(self, epoch, logs=None):
-        self._epoch, self._last = epoch, self._clock()
+        self._epoch = epoch
+        self._last = self._clock()
 
     def on_train_batch_end(self, batch, logs=None):
         self._beat(f"step {batch + 1}/{self.params.get('steps') or '?'}")

@@ -13,4 +13,6 @@ def history_rows(history) -> list[dict[str, float]]:
     if not isinstance(columns, Mapping):
         raise TypeError(f"not a training history: {type(history).__name__}")
     epochs = len(next(iter(columns.values()), []))
-    return [{name: float(values[i]) for name, values in columns.items()} for i in range(epochs)]
+    return [
+        {name: float(values[epoch]) for name, values in columns.items()} for epoch in range(epochs)
+    ]

@@ -14,5 +14,5 @@ def class_weights_for(mode: str, counts: Sequence[int]) -> list[float] | None:
     # "auto": `n / (k × n_c)` (scikit-learn's "balanced"), each class the same total weight.
     if mode != "auto":
         return None
-    total, k = sum(counts), len(counts)
-    return [total / (k * c) if c else 0.0 for c in counts]
+    total, num_classes = sum(counts), len(counts)
+    return [total / (num_classes * count) if count else 0.0 for count in counts]

@@ -68,7 +68,15 @@ def _rebuild_tensor(storage_key, offset, size, stride, *_ignored):
 
 
 class _Unpickler(pickle.Unpickler):
-    """Allows only the few globals a state dict holds: no code from the file runs."""
+    """Allows only the few globals a state dict holds: no code from the file runs.
+
+    Every pickle of the file goes through it, the header's too: a payload in
+    the first pickle would otherwise run before the magic number is checked.
+    """
+
+    def __init__(self, file):
+        super().__init__(file)
+        self.storage_dtypes: dict[str, np.dtype] = {}  # storage key -> dtype of its bytes
 
     def find_class(self, module: str, name: str):
         if module == "collections" and name == "OrderedDict":
@@ -82,9 +90,9 @@ class _Unpickler(pickle.Unpickler):
     def persistent_load(self, pid):
         """A tensor's storage: its key, and the dtype its bytes (after the pickle) have."""
         kind, storage_type, key = pid[:3]
-        if kind != "storage":
-            raise pickle.UnpicklingError(f"unexpected persistent id {kind!r}")
-        self.dtypes[key] = np.dtype(_STORAGE_DTYPES[storage_type])
+        if kind != "storage" or storage_type not in _STORAGE_DTYPES:
+            raise pickle.UnpicklingError(f"unexpected persistent id {kind!r} {storage_type!r}")
+        self.storage_dtypes[key] = np.dtype(_STORAGE_DTYPES[storage_type])
         return key
 
 
@@ -93,8 +101,9 @@ def read_legacy_torch_file(path: str | os.PathLike) -> dict[str, np.ndarray]:
 
     The format is five pickles in a row (magic number, protocol, system info,
     the state dict whose tensors point to storages by key, the storage keys),
-    then each storage's raw bytes prefixed by its element count. Only the
-    globals of a plain state dict are allowed, so no code in the file runs.
+    then each storage's raw bytes prefixed by its element count. Every pickle
+    is read by an unpickler that allows only the globals of a plain state
+    dict, so no code in the file runs.
 
     Args:
         path: the `.pth` file.
@@ -104,7 +113,8 @@ def read_legacy_torch_file(path: str | os.PathLike) -> dict[str, np.ndarray]:
         applied (a transposed view in the file becomes a plain array).
 
     Raises:
-        ValueError: if the file is not a legacy PyTorch state dict.
+        ValueError: if the file is not a legacy PyTorch state dict, or holds
+            anything else (code to run, say), in one line.
 
     Example:
 
@@ -112,27 +122,39 @@ def read_legacy_torch_file(path: str | os.PathLike) -> dict[str, np.ndarray]:
     >>> weights["_fc.weight"].shape  # doctest: +SKIP
     (1000, 1280)
     """
-    with open(path, "rb") as f:
-        if pickle.load(f) != 0x1950A86A20F9469CFC6C:  # torch's magic number
-            raise ValueError(f"{path}: not a legacy PyTorch file")
-        pickle.load(f), pickle.load(f)  # protocol version, system info
-        unpickler = _Unpickler(f)
-        unpickler.dtypes = {}
-        state = unpickler.load()
-        storages = {}
-        for key in pickle.load(f):
-            dtype = unpickler.dtypes[key]
-            count = int(np.frombuffer(f.read(8), "<i8")[0])
-            storages[key] = np.frombuffer(f.read(count * dtype.itemsize), dtype)
-    out = {}
-    for name, (key, offset, size, stride) in state.items():
-        data = storages[key]
-        strides = tuple(s * data.itemsize for s in stride)
-        out[name] = np.array(np.lib.stride_tricks.as_strided(data[offset:], size, strides))
-    return out
+    try:
+        with open(path, "rb") as file:
+            tensors, storages = _read_tensors_and_storages(file)
+    except (pickle.UnpicklingError, EOFError, KeyError, TypeError, ValueError) as error:
+        reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise ValueError(f"{path}: not a legacy PyTorch state dict ({reason})") from None
+    arrays = {}
+    for name, (key, offset, size, stride) in tensors.items():
+        storage = storages[key]
+        byte_strides = tuple(step * storage.itemsize for step in stride)
+        view = np.lib.stride_tricks.as_strided(storage[offset:], size, byte_strides)
+        arrays[name] = np.array(view)
+    return arrays
 
 
-def _conv_bn(x, name: str, kernel: int, stride: int = 1, filters: int | None = None, relu=True):
+def _read_tensors_and_storages(file) -> tuple[dict, dict[str, np.ndarray]]:
+    """The state dict's tensors (storage key, offset, size, stride) and the storages' arrays."""
+    unpickler = _Unpickler(file)
+    if unpickler.load() != 0x1950A86A20F9469CFC6C:  # torch's magic number
+        raise ValueError("no PyTorch magic number")
+    unpickler.load(), unpickler.load()  # protocol version, system info
+    tensors = unpickler.load()
+    storages = {}
+    for key in unpickler.load():
+        dtype = unpickler.storage_dtypes[key]
+        count = int(np.frombuffer(file.read(8), "<i8")[0])
+        storages[key] = np.frombuffer(file.read(count * dtype.itemsize), dtype)
+    return tensors, storages
+
+
+def _conv_bn(
+    features, name: str, kernel: int, stride: int = 1, filters: int | None = None, relu=True
+):
     """Convolution (depthwise without `filters`), exact BatchNormalization, ReLU6."""
     from keras import layers
 
@@ -143,8 +165,25 @@ def _conv_bn(x, name: str, kernel: int, stride: int = 1, filters: int | None = N
         conv = layers.DepthwiseConv2D(kernel, stride, "same", use_bias=False, name=name + "conv")
     else:
         conv = layers.Conv2D(filters, kernel, stride, "same", use_bias=False, name=name + "conv")
-    x = ExactBatchNormalization(epsilon=1e-3, momentum=0.99, name=name + "bn")(conv(x))
-    return layers.ReLU(6.0, name=name + "relu")(x) if relu else x
+    norm = ExactBatchNormalization(epsilon=1e-3, momentum=0.99, name=name + "bn")
+    features = norm(conv(features))
+    return layers.ReLU(6.0, name=name + "relu")(features) if relu else features
+
+
+def _inverted_residual(
+    features, name: str, kernel: int, *, stride, expanded_filters, filters, add_input
+):
+    """One block: 1×1 expansion (none without `expanded_filters`), k×k depthwise, 1×1 projection."""
+    from keras import layers
+
+    block_input = features
+    if expanded_filters is not None:
+        features = _conv_bn(features, name + "expand_", 1, filters=expanded_filters)
+    features = _conv_bn(features, name + "dw_", kernel, stride)
+    features = _conv_bn(features, name + "project_", 1, filters=filters, relu=False)
+    if add_input:
+        features = layers.Add(name=name + "add")([features, block_input])
+    return features
 
 
 def _base(image_size: int | None):
@@ -154,22 +193,28 @@ def _base(image_size: int | None):
 
     inputs = keras.Input((image_size, image_size, 3), name="image")
     # The checkpoint's own input scaling, (x - 127) / 128.
-    x = layers.Rescaling(1 / 128.0, offset=-127 / 128.0, name="scale_to_pm1")(inputs)
-    x = _conv_bn(x, "stem_", 3, 2, filters=STEM_FILTERS)
-    filters_in, index = STEM_FILTERS, 0
+    features = layers.Rescaling(1 / 128.0, offset=-127 / 128.0, name="scale_to_pm1")(inputs)
+    features = _conv_bn(features, "stem_", 3, 2, filters=STEM_FILTERS)
+    filters_in = STEM_FILTERS
+    index = 0  # the block's number, over all stages: the checkpoint's order
     for repeats, kernel, stride, expand, filters in STAGES:
-        for r in range(repeats):  # inverted residual: 1×1 expand, k×k depthwise, 1×1 project
-            name, block_input = f"block{index}_", x
-            if expand != 1:
-                x = _conv_bn(x, name + "expand_", 1, filters=filters_in * expand)
-            x = _conv_bn(x, name + "dw_", kernel, stride if r == 0 else 1)
-            x = _conv_bn(x, name + "project_", 1, filters=filters, relu=False)
-            if r > 0:  # a stage's first block changes the shape; the others add their input
-                x = layers.Add(name=name + "add")([x, block_input])
-            filters_in, index = filters, index + 1
-    x = _conv_bn(x, "head_", 1, filters=HEAD_FILTERS)
-    x = layers.GlobalAveragePooling2D(name="avg_pool")(x)
-    return keras.Model(inputs, x, name="base")
+        for repeat in range(repeats):
+            # A stage's first block changes the shape; the others keep it and add their input.
+            first = repeat == 0
+            features = _inverted_residual(
+                features,
+                f"block{index}_",
+                kernel,
+                stride=stride if first else 1,
+                expanded_filters=filters_in * expand if expand != 1 else None,
+                filters=filters,
+                add_input=not first,
+            )
+            filters_in = filters
+            index += 1
+    features = _conv_bn(features, "head_", 1, filters=HEAD_FILTERS)
+    features = layers.GlobalAveragePooling2D(name="avg_pool")(features)
+    return keras.Model(inputs, features, name="base")
 
 
 def imagenet_classifier(image_size: int | None = 224, weights: str | None = "imagenet"):
@@ -198,7 +243,7 @@ def imagenet_classifier(image_size: int | None = 224, weights: str | None = "ima
     """
     import keras
 
-    from mdtrain.models import classification_head, load_weights_file, resolve_weights
+    from mdtrain.model_parts import classification_head, load_weights_file, resolve_weights
 
     weights = resolve_weights(weights, WEIGHTS_FILE_KIND)
     inputs = keras.Input((image_size, image_size, 3), name="image")

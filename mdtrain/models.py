@@ -9,9 +9,6 @@ first is the classic silent mistake that ruins pretrained accuracy.
 
 from __future__ import annotations
 
-import os
-import warnings
-
 import keras
 from keras import layers
 
@@ -19,64 +16,28 @@ from mdtrain import choices
 from mdtrain.choices import EFFICIENTNETS, LITE0, check_dropout, check_image_size, check_model_name
 from mdtrain.errors import UsageError
 from mdtrain.lite0 import WEIGHTS_FILE_KIND, imagenet_classifier
+from mdtrain.model_parts import classification_head, load_weights_file, resolve_weights
 from mdtrain.norm import ExactBatchNormalization, swap_batch_norm
 
 BASE_NAME = "base"
 _V2_FILE_KIND = "a Keras weights file of this model without its top (…_notop.h5)"
 
 
-def classification_head(x, num_classes: int, dropout: float, name: str = "head", dtype=None):
-    """Dropout and a dense layer of dtype policy `dtype`, then the softmax `probabilities`."""
-    dtype = keras.dtype_policies.get(dtype)
-    if dropout:
-        x = layers.Dropout(dropout, name=f"{name}_dropout", dtype=dtype)(x)
-    x = layers.Dense(num_classes, name=f"{name}_dense", dtype=dtype)(x)
-    # float16 would lose small probabilities; float64 in `tests/numerics_harness.py`.
-    out = "float64" if dtype.compute_dtype == "float64" else "float32"
-    return layers.Activation("softmax", dtype=out, name="probabilities")(x)
-
-
 def _small_cnn(image_size: int, num_classes: int, dropout: float, dtype) -> keras.Model:
     """A four-block CNN that trains in minutes on a CPU, with exact BatchNormalization."""
     inputs = keras.Input((image_size, image_size, 3), name="image")
-    x = layers.Rescaling(1 / 255.0, dtype=dtype)(inputs)
-    for i, filters in enumerate((32, 64, 128, 128)):
-        x = layers.Conv2D(filters, 3, padding="same", use_bias=False, name=f"conv{i}", dtype=dtype)(
-            x
+    features = layers.Rescaling(1 / 255.0, dtype=dtype)(inputs)
+    for block, filters in enumerate((32, 64, 128, 128)):
+        conv = layers.Conv2D(
+            filters, 3, padding="same", use_bias=False, name=f"conv{block}", dtype=dtype
         )
-        x = ExactBatchNormalization(momentum=0.9, name=f"norm{i}", dtype=dtype)(x)
-        x = layers.Activation("relu", dtype=dtype)(x)
-        x = layers.MaxPooling2D(dtype=dtype)(x)
-    x = layers.GlobalAveragePooling2D(dtype=dtype)(x)
-    head = classification_head(x, num_classes, dropout, dtype=dtype)
+        features = conv(features)
+        features = ExactBatchNormalization(momentum=0.9, name=f"norm{block}", dtype=dtype)(features)
+        features = layers.Activation("relu", dtype=dtype)(features)
+        features = layers.MaxPooling2D(dtype=dtype)(features)
+    features = layers.GlobalAveragePooling2D(dtype=dtype)(features)
+    head = classification_head(features, num_classes, dropout, dtype=dtype)
     return keras.Model(inputs, head, name="small_cnn")
-
-
-def resolve_weights(weights: str | None, file_kind: str) -> str | None:
-    """`weights` as None, `"imagenet"` or the path of a file that exists (else a UsageError)."""
-    if weights in (None, "none", "None"):
-        return None
-    if weights != "imagenet" and not os.path.isfile(weights):
-        raise UsageError(
-            f"--weights {weights}: no such file; pass imagenet, none, or the path of {file_kind}"
-        )
-    return weights
-
-
-def load_weights_file(model: keras.Model, path: str, name: str) -> None:
-    """`model.load_weights(path)`, with one line for a file that does not fit."""
-    # Keras' error lists every layer (99 lines for Lite0) after a warning for each
-    # ("Skipping variable loading ..."): keep its first line, and the warnings if it loads.
-    with warnings.catch_warnings(record=True) as caught:
-        try:
-            model.load_weights(path)
-        except Exception as e:  # Keras raises several types for a file that does not fit
-            first_line = (str(e).strip().splitlines() or [type(e).__name__])[0]
-            raise UsageError(
-                f"--weights {path}: cannot be loaded into {name} ({first_line})"
-            ) from None
-    for w in caught:
-        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
 
 
 def _efficientnetv2_base(name: str, image_size: int, weights: str | None) -> keras.Model:
@@ -89,12 +50,12 @@ def _efficientnetv2_base(name: str, image_size: int, weights: str | None) -> ker
             pooling="avg",
             include_preprocessing=True,  # expects 0–255 input
         )
-    except Exception as e:  # download failures come as several exception types
+    except Exception as error:  # download failures come as several exception types
         if weights != "imagenet":
             raise
         raise UsageError(
             f"--weights imagenet: could not download the ImageNet weights of {name} "
-            f"({type(e).__name__}); without network, attach the …_notop.h5 file and pass "
+            f"({type(error).__name__}); without network, attach the …_notop.h5 file and pass "
             "--weights PATH, or use --weights none"
         ) from None
     if weights not in (None, "imagenet"):
@@ -198,10 +159,10 @@ def _efficientnet(name, num_classes, image_size, weights, dropout, dtype) -> ker
         # dataset would wreck the pretrained features (and inference mode is
         # exact under any strategy).
         base.trainable = False
-        x = base(inputs, training=False)
+        features = base(inputs, training=False)
     else:
-        x = base(inputs)
-    head = classification_head(x, num_classes, dropout, dtype=dtype)
+        features = base(inputs)
+    head = classification_head(features, num_classes, dropout, dtype=dtype)
     return keras.Model(inputs, head, name=name.replace("-", "_"))
 
 
@@ -231,7 +192,7 @@ def unfreeze_top(model: keras.Model, fraction: float = 0.2) -> int:
     base.trainable = True
     cut = int(len(base.layers) * (1 - fraction))
     count = 0
-    for i, layer in enumerate(base.layers):
-        layer.trainable = i >= cut and not isinstance(layer, layers.BatchNormalization)
+    for position, layer in enumerate(base.layers):
+        layer.trainable = position >= cut and not isinstance(layer, layers.BatchNormalization)
         count += layer.trainable
     return count

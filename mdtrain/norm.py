@@ -48,17 +48,18 @@ def example_weights(weights: tf.Tensor):
 
 def all_reduce_sum(values):
     """`values` summed over the replicas in sync; as they are outside a strategy or on one."""
-    ctx = tf.distribute.get_replica_context()
-    if ctx is None or ctx.num_replicas_in_sync == 1:
+    replica_context = tf.distribute.get_replica_context()
+    if replica_context is None or replica_context.num_replicas_in_sync == 1:
         return values
-    return ctx.all_reduce(tf.distribute.ReduceOp.SUM, values)
+    return replica_context.all_reduce(tf.distribute.ReduceOp.SUM, values)
 
 
 def global_moments(x: tf.Tensor, weights: tf.Tensor | None = None, shift=None):
     """Per-channel `(mean, biased variance)` of `x` over every replica's examples of weight 1."""
     # One all-reduce; `shift` (per channel, the same on every replica, default 0) is subtracted
     # before summing, keeping the variance's digits where it is near the mean.
-    axes, channels = list(range(len(x.shape) - 1)), int(x.shape[-1])
+    axes = list(range(len(x.shape) - 1))  # all but the channels
+    channels = int(x.shape[-1])
     weights = tf.ones(tf.shape(x)[:1], x.dtype) if weights is None else tf.cast(weights, x.dtype)
     per_example = tf.cast(tf.reduce_prod(tf.shape(x)[1:-1]), x.dtype)
     shift = tf.zeros([channels], x.dtype) if shift is None else tf.cast(shift, x.dtype)
@@ -71,8 +72,9 @@ def global_moments(x: tf.Tensor, weights: tf.Tensor | None = None, shift=None):
     ]
     count, sums, squares = tf.split(all_reduce_sum(tf.concat(local, 0)), [1, channels, channels])
     count = tf.maximum(count, 1.0)
-    offset = sums / count
-    return shift + offset, tf.maximum(squares / count - tf.square(offset), 0.0)
+    centred_mean = sums / count
+    variance = tf.maximum(squares / count - tf.square(centred_mean), 0.0)
+    return shift + centred_mean, variance
 
 
 @keras.saving.register_keras_serializable(package="mdtrain")
@@ -105,13 +107,14 @@ class ExactBatchNormalization(keras.layers.BatchNormalization):
             return super().call(inputs, training=training)
         # Statistics in float32 at least (float16 would lose them), float64 in float64.
         dtype = "float64" if self.compute_dtype == "float64" else "float32"
-        x = ops.cast(inputs, dtype)
-        mean, variance = global_moments(x, getattr(_local, "weights", None), self.moving_mean)
+        values = ops.cast(inputs, dtype)
+        weights = getattr(_local, "weights", None)
+        mean, variance = global_moments(values, weights, self.moving_mean)
         for moving, batch in ((self.moving_mean, mean), (self.moving_variance, variance)):
             moving.assign(moving * self.momentum + batch * (1.0 - self.momentum))
         offset = ops.cast(self.beta, dtype) if self.center else None
         scale = ops.cast(self.gamma, dtype) if self.scale else None
-        outputs = ops.batch_normalization(x, mean, variance, -1, offset, scale, self.epsilon)
+        outputs = ops.batch_normalization(values, mean, variance, -1, offset, scale, self.epsilon)
         return ops.cast(outputs, self.compute_dtype)
 
 

@@ -34,7 +34,12 @@ def choose_policy(mixed_precision: bool, devices: Iterable[Device]) -> str:
     >>> choose_policy(True, [Device("GPU", "Tesla T4", (7, 5))] * 2)
     'mixed_float16'
     """
-    kinds = {d.kind for d in devices if d.kind != "GPU" or d.compute_capability < (8, 0)}
+    # The kinds of device without bfloat16 tensor cores, and CPUs and TPUs (which have bfloat16).
+    kinds = {
+        device.kind
+        for device in devices
+        if device.kind != "GPU" or device.compute_capability < (8, 0)
+    }
     if not mixed_precision or kinds <= {"CPU", "TPU"}:  # all have bfloat16
         return "mixed_bfloat16" if mixed_precision else "float32"
     return "float32" if "CPU" in kinds else "mixed_float16"  # never float16 on a CPU
@@ -51,23 +56,29 @@ def strategy_devices(strategy) -> list[Device]:
     """The devices of `strategy`'s replicas on this worker, GPUs with their name and capability."""
     import tensorflow as tf
 
-    gpus = [
-        gpu
-        for gpu in tf.config.get_visible_devices("GPU")  # per logical GPU: its card
-        for _ in tf.config.get_logical_device_configuration(gpu) or [None]
-    ]
     devices = []
     for spec in map(tf.DeviceSpec.from_string, strategy.extended.worker_devices):
-        gpu = spec.device_type == "GPU"
-        info = tf.config.experimental.get_device_details(gpus[spec.device_index]) if gpu else {}
-        devices.append(
-            Device(
-                spec.device_type,
-                info.get("device_name", "GPU"),
-                info.get("compute_capability", (0, 0)),
-            )
-        )
+        if spec.device_type != "GPU":
+            devices.append(Device(spec.device_type))
+            continue
+        card = _card_of_each_logical_gpu()[spec.device_index]
+        details = tf.config.experimental.get_device_details(card)
+        name = details.get("device_name", "GPU")
+        devices.append(Device("GPU", name, details.get("compute_capability", (0, 0))))
     return devices
+
+
+def _card_of_each_logical_gpu() -> list:
+    """The physical GPU behind each logical GPU, in the logical GPUs' order."""
+    import tensorflow as tf
+
+    # A card split into logical GPUs (`configure_devices`) has one configuration per part;
+    # an unsplit card has none and is one logical GPU.
+    cards = []
+    for card in tf.config.get_visible_devices("GPU"):
+        parts = tf.config.get_logical_device_configuration(card)
+        cards += [card] * max(1, len(parts or []))
+    return cards
 
 
 def check_deterministic(strategy, net, image_size: int, variables) -> None:
@@ -77,25 +88,37 @@ def check_deterministic(strategy, net, image_size: int, variables) -> None:
     import tensorflow as tf
 
     def gradient():
-        watched = [v.value for v in variables if "float" in v.dtype]
+        watched = [variable.value for variable in variables if "float" in variable.dtype]
         images = tf.zeros((1, image_size, image_size, 3), "uint8")
         with tf.GradientTape() as tape:
             tape.watch(watched)
             loss = tf.reduce_sum(net(images, training=True))
         tape.gradient(loss, watched)
 
-    state = [v.numpy() for v in net.non_trainable_variables]  # BatchNorm statistics, RNG
+    state = [
+        variable.numpy() for variable in net.non_trainable_variables
+    ]  # BatchNorm statistics, RNG
     try:
         strategy.run(gradient)
-    except tf.errors.OpError as e:
-        if not isinstance(e, tf.errors.UnimplementedError) and "determinism" not in e.message:
+    except tf.errors.OpError as error:
+        if (
+            not isinstance(error, tf.errors.UnimplementedError)
+            and "determinism" not in error.message
+        ):
             raise
-        op = re.search(r"\[Op:(\w+)\]|\{\{node (\S+)\}\}", e.message) or ["", "an op"]
         raise UsageError(
-            f"--deterministic: TensorFlow cannot run {op[1] or op[2]} deterministically on "
-            f"{strategy.extended.worker_devices[0]} ({e.message.strip().splitlines()[0]}); "
-            "drop --deterministic or use another model"
+            f"--deterministic: TensorFlow cannot run {_failing_op(error.message)} "
+            f"deterministically on {strategy.extended.worker_devices[0]} "
+            f"({error.message.strip().splitlines()[0]}); drop --deterministic or use another model"
         ) from None
     finally:
         for variable, value in zip(net.non_trainable_variables, state, strict=True):
             variable.assign(value)
+
+
+def _failing_op(message: str) -> str:
+    """The op an error message names (`[Op:Name]` eagerly, `{{node name}}` in a graph)."""
+    found = re.search(r"\[Op:(\w+)\]|\{\{node (\S+)\}\}", message)
+    if found is None:
+        return "an op"
+    return found.group(1) or found.group(2)

@@ -94,8 +94,10 @@ def _load(model, model_file, weights: str, image_size: int | None):
 
         try:
             net = keras.models.load_model(model_file, compile=False)
-        except Exception as e:  # Keras raises several types for a file it cannot read
-            raise UsageError(f"--model-file {model_file}: not a Keras model file ({e})") from None
+        except Exception as error:  # Keras raises several types for a file it cannot read
+            raise UsageError(
+                f"--model-file {model_file}: not a Keras model file ({error})"
+            ) from None
         return net, *_run_class_names(model_file, int(net.output_shape[-1]))
     if not isinstance(model, str):  # a Keras model object (the API)
         return model, None, []
@@ -171,9 +173,12 @@ def predict(
         images = images.map(lambda image, _label: image).batch(batch_size)
         probabilities = net.predict(without_autotuning(images), verbose=0)
     predictions = []
-    for path, p in zip(kept, probabilities, strict=True):
-        best = (-p).argsort(kind="stable")[:top]
-        top_k = [{"index": int(i), "label": names[i], "probability": float(p[i])} for i in best]
+    for path, image_probabilities in zip(kept, probabilities, strict=True):
+        best = (-image_probabilities).argsort(kind="stable")[:top]
+        top_k = [
+            {"index": int(i), "label": names[i], "probability": float(image_probabilities[i])}
+            for i in best
+        ]
         predictions.append(Prediction(path, top_k))
     return PredictResult(predictions, skipped, notes)
 

@@ -27,7 +27,7 @@ def _installed(name: str) -> str | None:
 
 def _minor(version: str) -> tuple[int, int]:
     major, minor = version.split(".")[:2]
-    return int(major), int("".join(c for c in minor if c.isdigit()) or 0)
+    return int(major), int("".join(char for char in minor if char.isdigit()) or 0)
 
 
 def check_versions() -> bool:

@@ -323,3 +323,49 @@ def test_other_errors_keep_their_traceback(monkeypatch):
     monkeypatch.setitem(cli._COMMANDS, "train", fail)
     with pytest.raises(RuntimeError, match="a bug"):
         cli.main(["train"])
+
+
+def test_config_from_args_is_the_commands_conversion():
+    import dataclasses
+
+    from mdtrain.cli import config_from_args
+    from mdtrain.config import TrainConfig
+
+    config = config_from_args(["--epochs", "2", "--strategy", "cpu:2", "--no-augment", "--json"])
+    expected = dataclasses.replace(TrainConfig(), epochs=2, strategy="cpu:2", augment=False)
+    assert config == expected  # --json says what to print: not the run's
+
+
+def test_every_train_option_but_the_display_ones_is_a_config_field():
+    import dataclasses
+
+    from mdtrain.config import TrainConfig
+
+    parsed = vars(build_parser().parse_args(["train"]))
+    fields = {field.name for field in dataclasses.fields(TrainConfig)}
+    assert set(parsed) - fields == {"command", "json"}
+
+
+@pytest.mark.parametrize(
+    "argv, fragment",
+    [
+        (["--mark-after", "6", "--mark-file", "m"], "unrecognized arguments: --mark-after"),
+        (["--epochs", "x"], "--epochs: invalid int value"),
+        (["--strategy", "cpu:0"], "--strategy"),
+    ],
+)
+def test_config_from_args_refuses_bad_input_in_one_line(argv, fragment):
+    from mdtrain.cli import config_from_args
+    from mdtrain.errors import UsageError
+
+    with pytest.raises(UsageError) as raised:
+        config_from_args(argv)
+    message = raised.value.as_option()
+    assert fragment in message and len(message.splitlines()) == 1, message
+
+
+def test_train_help_shows_no_fault_drill():
+    train_help = run_mdtrain("train", "--help")
+    assert train_help.returncode == 0, train_help.stderr
+    assert "--strategy" in train_help.stdout
+    assert "drill" not in train_help.stdout and "--mark" not in train_help.stdout

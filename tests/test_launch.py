@@ -564,6 +564,21 @@ def test_launch_ps_command_and_bad_input(monkeypatch):
         launch(0, [], num_ps=1)
 
 
+def test_a_train_command_of_your_own_gets_the_train_arguments(tmp_path, monkeypatch):
+    # A fault drill's chief adds a callback this way: its own script, the same arguments.
+    shows_argv = [sys.executable, "-c", "import sys; print('argv', sys.argv[1:])"]
+    out = io.StringIO()
+    code = launch(1, ["--epochs", "1"], train_command=shows_argv, log_dir=tmp_path, stream=out)
+    assert code == 0, out.getvalue()
+    assert "[worker 0] argv ['--epochs', '1', '--strategy', 'multiworker']" in out.getvalue()
+    seen = []
+    monkeypatch.setattr(launch_mod.jobs, "_run_ps_cluster", lambda *a, **kw: seen.append(a) or 0)
+    launch(2, ["--epochs", "1"], num_ps=1, train_command=["my-chief", "6"])
+    chief, server = seen[0][:2]
+    assert chief == ["my-chief", "6", "--epochs", "1", "--strategy", "ps"]
+    assert server == [sys.executable, "-m", "mdtrain.ps", "serve"]  # the servers stay mdtrain's
+
+
 def test_cli_launch_ps_bad_strategy_is_one_line(tmp_path):
     done = subprocess.run(
         [sys.executable, "-m", "mdtrain", "launch", "--workers", "2", "--ps", "1", "--",

@@ -90,14 +90,43 @@ def test_reader_runs_no_code_from_the_file(tmp_path):
         for header in (0x1950A86A20F9469CFC6C, 1001, {}):
             pickle.dump(header, f, protocol=2)
         f.write(b"\x80\x02cos\nsystem\nX\x04\x00\x00\x00trueR.")  # os.system("true")
-    with pytest.raises(pickle.UnpicklingError, match="os.system"):
+    with pytest.raises(ValueError, match="unexpected object os.system"):
         lite0.read_legacy_torch_file(path)
+
+
+class _CreatesAFile:
+    """Unpickled, it would create `path`: the payload a hostile weights file carries."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (str(self.path), "w"))
+
+
+@pytest.mark.parametrize("position", [0, 1, 2, 4])  # magic number, protocol, info, keys
+def test_no_pickle_of_the_file_runs_code(tmp_path, position):
+    created, path = tmp_path / "created-by-the-file", tmp_path / "hostile.pth"
+    pickles = [0x1950A86A20F9469CFC6C, 1001, {"little_endian": True}, {}, []]
+    pickles[position] = _CreatesAFile(created)
+    with open(path, "wb") as f:
+        for value in pickles:
+            pickle.dump(value, f, protocol=2)
+    with pytest.raises(ValueError) as raised:
+        lite0.read_legacy_torch_file(path)
+    assert not created.exists()
+    message = str(raised.value)
+    assert len(message.splitlines()) == 1 and "unexpected object" in message, message
+    assert message.startswith(f"{path}: not a legacy PyTorch state dict"), message
 
 
 def test_reader_rejects_other_files(tmp_path):
     path = tmp_path / "not.pth"
     pickle.dump({"a": 1}, open(path, "wb"))
-    with pytest.raises(ValueError, match="not a legacy PyTorch file"):
+    with pytest.raises(ValueError, match="not a legacy PyTorch"):
+        lite0.read_legacy_torch_file(path)
+    path.write_bytes(b"")  # empty: one line too, not an EOFError
+    with pytest.raises(ValueError, match="not a legacy PyTorch"):
         lite0.read_legacy_torch_file(path)
 
 

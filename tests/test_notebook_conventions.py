@@ -1,5 +1,11 @@
 """Every committed notebook follows the series' conventions (docs/DESIGN.md, Notebooks).
 
+The layout: a card (title, **What you will learn**, **What you need**, **How long**
+on a CPU and on a T4), the collapsed setup cell, the `parameters` cell, numbered
+sections, `## N. Check` (a code cell of at most 10 lines that asserts),
+`## Summary`, and `## Exercises` last: each `### Exercise K: title` followed by
+cells tagged `exercise`, `check`, `solution` (collapsed) and `check` (strict).
+
 Checks the files only; running them is nbval's job (`pytest --nbval-lax notebooks/`).
 """
 
@@ -12,7 +18,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-NOTEBOOKS = sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+REPO = Path(__file__).resolve().parents[1]
+NOTEBOOKS = sorted((REPO / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 ABSOLUTE_PATH = re.compile(r"(?<![\w.~<>-])/(work|home|tmp|root|Users|private/var)/")
 MAX_IMAGE_BYTES = 200_000
 
@@ -42,25 +49,118 @@ def test_there_are_notebooks():
     assert NOTEBOOKS, "no notebooks/NN_*.ipynb found"
 
 
-def test_header_cell(notebook):
+def _tags(cell) -> list[str]:
+    return cell.metadata.get("tags", [])
+
+
+def _collapsed(cell) -> bool:
+    return cell.metadata.get("jupyter", {}).get("source_hidden", False)
+
+
+def _heading(cell, pattern: str) -> bool:
+    return cell.cell_type == "markdown" and re.match(pattern, cell.source.strip()) is not None
+
+
+def _index(notebook, pattern: str) -> int | None:
+    found = [i for i, c in enumerate(notebook.cells) if _heading(c, pattern)]
+    return found[-1] if found else None
+
+
+def _number(notebook) -> str:
+    return re.match(r"\s*# (\d\d)", notebook.cells[0].source).group(1)
+
+
+def test_header_cell_is_a_card(notebook):
     first = notebook.cells[0]
     assert first.cell_type == "markdown", "the first cell must be markdown"
-    assert re.match(r"\s*# \S", first.source), "the first cell must start with a '# ' title"
-    assert re.search(r"what you will learn", first.source, re.I), "no 'What you will learn'"
-
-
-def test_parameters_cell_reads_smoke(notebook):
-    tagged = [c for c in notebook.cells if "parameters" in c.metadata.get("tags", [])]
-    assert len(tagged) == 1, "exactly one cell must be tagged `parameters`"
-    assert tagged[0].cell_type == "code"
-    assert "MDTRAIN_SMOKE" in tagged[0].source
-
-
-def test_last_code_cell_asserts(notebook):
-    code = [c for c in notebook.cells if c.cell_type == "code" and c.source.strip()]
-    assert code and re.search(r"^\s*assert\b", code[-1].source, re.M), (
-        "the last code cell must be a sanity check with `assert`"
+    assert re.match(r"\s*# \d\d · \S", first.source), (
+        "the first cell must start with '# NN · Title'"
     )
+    for part in ("what you will learn", "what you need", "how long"):
+        assert re.search(rf"\*\*{part}\b", first.source, re.I), f"the card has no **{part}**"
+    how_long = re.search(r"\*\*how long.*", first.source, re.I | re.S).group(0)
+    assert re.search(r"CPU", how_long) and re.search(r"T4", how_long), (
+        "**How long** must say how long on a CPU and on a T4"
+    )
+
+
+def test_setup_cell_is_collapsed_then_parameters(notebook):
+    setup = notebook.cells[1]
+    assert setup.cell_type == "code" and _collapsed(setup), (
+        "cell 1 must be the collapsed setup cell"
+    )
+    tagged = [i for i, c in enumerate(notebook.cells) if "parameters" in _tags(c)]
+    assert tagged == [2], "cell 2, and only it, must be tagged `parameters`"
+    assert "MDTRAIN_SMOKE" in notebook.cells[2].source
+
+
+def test_nbval_markers_are_not_in_the_lesson(notebook):
+    shown = [
+        i
+        for i, c in enumerate(notebook.cells)
+        if c.cell_type == "code" and not _collapsed(c) and "NBVAL_" in c.source
+    ]
+    assert not shown, f"cells {shown}: nbval markers belong in metadata or the setup cell"
+
+
+def test_check_summary_then_exercises_last(notebook):
+    check = _index(notebook, r"## \d+\. Check\b")
+    summary = _index(notebook, r"## Summary\b")
+    exercises = _index(notebook, r"## Exercises\b")
+    assert check is not None, "no '## N. Check' section"
+    assert summary is not None and exercises is not None, "no '## Summary' or '## Exercises'"
+    assert check < summary < exercises, "the order is Check, Summary, Exercises"
+    later = [(c.source.splitlines() or [""])[0] for c in notebook.cells[exercises + 1 :]]
+    assert not [h for h in later if re.match(r"## ", h)], "'## Exercises' must be the last section"
+
+
+def test_the_check_cell_asserts_in_ten_lines(notebook):
+    summary = _index(notebook, r"## Summary\b")
+    code = [c for c in notebook.cells[:summary] if c.cell_type == "code" and c.source.strip()]
+    assert code and re.search(r"^\s*assert\b", code[-1].source, re.M), (
+        "the last code cell before '## Summary' must be the check, with `assert`"
+    )
+    lines = code[-1].source.strip().splitlines()
+    assert len(lines) <= 10, f"the check cell has {len(lines)} lines: at most 10 (harness: tests/)"
+
+
+def test_each_exercise_has_its_cells(notebook):
+    start = _index(notebook, r"## Exercises\b")
+    cells = notebook.cells[start + 1 :]
+    headings = [i for i, c in enumerate(cells) if _heading(c, r"### Exercise \d+: \S")]
+    assert 1 <= len(headings) <= 3, "1 to 3 exercises, each under '### Exercise K: <title>'"
+    module = f"nb{_number(notebook)}"
+    for i in headings:
+        kinds = [(c.cell_type, _tags(c)) for c in cells[i + 1 : i + 5]]
+        assert kinds == [
+            ("code", ["exercise"]),
+            ("code", ["check"]),
+            ("code", ["solution"]),
+            ("code", ["check"]),
+        ], f"exercise at {cells[i].source.splitlines()[0]!r}: cells tagged {kinds}"
+        _, check, solution, strict = cells[i + 1 : i + 5]
+        assert re.search(rf"\b{module}\.check_\w+\(", check.source), f"no {module}.check_… call"
+        assert _collapsed(solution), "the solution cell must be collapsed (source_hidden)"
+        assert "strict=True" in strict.source and module in strict.source, (
+            "the last cell checks the solution with strict=True"
+        )
+    assert (REPO / "mdtrain" / "exercises" / f"{module}.py").is_file(), (
+        f"no mdtrain/exercises/{module}.py"
+    )
+    assert (REPO / "tests" / f"test_exercises_{module}.py").is_file(), (
+        f"no tests/test_exercises_{module}.py"
+    )
+
+
+def test_no_stderr_in_outputs(notebook):
+    noisy = [
+        (i, o["text"].strip().splitlines()[0][:80])
+        for i, c in enumerate(notebook.cells)
+        if c.cell_type == "code"
+        for o in c.get("outputs", [])
+        if o.get("name") == "stderr" and o["text"].strip()
+    ]
+    assert not noisy, f"stderr in outputs (cell, first line): {noisy}"
 
 
 def test_committed_with_outputs_from_a_real_run(notebook):

@@ -17,19 +17,19 @@ from mdtrain.errors import USAGE_EXIT_CODE, UsageError
 from mdtrain.launcher.processes import HANG_EXIT_CODE, HANG_TIMEOUT_S, POLL_S, Job, exit_status
 
 
-def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
-    """Returns `n` distinct TCP ports that are free on `host` right now.
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """Returns `count` distinct TCP ports that are free on `host` right now.
 
     The sockets are held open together, so the ports are distinct, then closed
     for the workers to bind; a port taken in between fails one attempt, and a
     restart takes fresh ports.
 
     Args:
-        n: How many ports to return.
+        count: How many ports to return.
         host: The address to bind. Defaults to `"127.0.0.1"`.
 
     Returns:
-        A list of `n` distinct port numbers.
+        A list of `count` distinct port numbers.
 
     Example:
         >>> len(set(free_ports(3)))
@@ -37,7 +37,7 @@ def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
     """
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with contextlib.ExitStack() as held:  # every socket closes on the way out
-        sockets = [held.enter_context(socket.socket(family)) for _ in range(n)]
+        sockets = [held.enter_context(socket.socket(family)) for _ in range(count)]
         for sock in sockets:
             sock.bind((host, 0))
         return [sock.getsockname()[1] for sock in sockets]
@@ -72,9 +72,10 @@ def tf_config(worker_addresses: list[str], index: int) -> dict:
     }
 
 
-def free_addresses(n: int, host: str) -> list[str]:
-    """`n` free `host:port` addresses, with an IPv6 host in brackets (`[::1]:2222`)."""
-    return [f"[{host}]:{p}" if ":" in host else f"{host}:{p}" for p in free_ports(n, host)]
+def free_addresses(count: int, host: str) -> list[str]:
+    """`count` free `host:port` addresses, with an IPv6 host in brackets (`[::1]:2222`)."""
+    bracketed = f"[{host}]" if ":" in host else host
+    return [f"{bracketed}:{port}" for port in free_ports(count, host)]
 
 
 def run_workers(
@@ -158,12 +159,12 @@ def run_workers(
             job.say(f"attempt {attempt}: " + " ".join(addresses))
             job.new_attempt()
             header = f"=== attempt {attempt} ({time.strftime('%Y-%m-%d %H:%M:%S')}) ===\n"
-            for i in range(num_workers):
-                worker_env = dict(job.env, TF_CONFIG=json.dumps(tf_config(addresses, i)))
-                worker_env.update(MDTRAIN_WORKER_INDEX=str(i), MDTRAIN_ATTEMPT=str(attempt))
+            for index in range(num_workers):
+                worker_env = dict(job.env, TF_CONFIG=json.dumps(tf_config(addresses, index)))
+                worker_env.update(MDTRAIN_WORKER_INDEX=str(index), MDTRAIN_ATTEMPT=str(attempt))
                 if job.gpus is not None:  # this worker's own GPUs
-                    worker_env["CUDA_VISIBLE_DEVICES"] = job.gpus[i]
-                job.spawn(command, worker_env, f"worker {i}", header)
+                    worker_env["CUDA_VISIBLE_DEVICES"] = job.gpus[index]
+                job.spawn(command, worker_env, f"worker {index}", header)
             job.start_pumps()
             status = _watch(job, attempt, restarts)
             job.join()
@@ -272,8 +273,18 @@ def _without_strategy(train_args: list[str], wanted: str, why: str) -> list[str]
     return rest
 
 
+#: What every training process of a `launch` job runs, unless told otherwise.
+MDTRAIN_TRAIN = (sys.executable, "-m", "mdtrain", "train")
+
+
 def launch(
-    num_workers: int, train_args: list[str], *, restarts: int = 0, num_ps: int = 0, **kwargs
+    num_workers: int,
+    train_args: list[str],
+    *,
+    restarts: int = 0,
+    num_ps: int = 0,
+    train_command: list[str] | None = None,
+    **kwargs,
 ) -> int:
     """Runs `mdtrain train` as a local job of `num_workers` workers.
 
@@ -292,6 +303,12 @@ def launch(
             not with `num_ps`. Defaults to `0`.
         num_ps: Parameter servers; more than 0 runs parameter-server training.
             Defaults to `0`.
+        train_command: The program that trains, in place of `mdtrain train`:
+            every worker's, or with `num_ps` the chief's. It is given
+            `train_args` and the `--strategy` option, and typically calls
+            `mdtrain.train(mdtrain.cli.config_from_args(args), callbacks=[...])`
+            to add callbacks, such as a fault drill's `mdtrain.ps.MarkAfter`.
+            Defaults to `None`: `python -m mdtrain train`.
         **kwargs: `run_workers`' options, with `num_ps` too (`host`,
             `log_dir`, `hang_timeout_s`, `env`, `stream`, `gpus_per_worker`).
 
@@ -305,18 +322,18 @@ def launch(
     Example:
         >>> launch(2, ["--epochs", "2", "--backup-dir", "/tmp/bk"], restarts=1)  # doctest: +SKIP
     """
+    trainer = list(train_command or MDTRAIN_TRAIN)
     if not num_ps:
         why = "launch runs multi-worker training; drop --strategy or pass --strategy multiworker"
-        command = [sys.executable, "-m", "mdtrain", "train"]
-        command += [*_without_strategy(train_args, "multiworker", why), "--strategy", "multiworker"]
+        command = [*trainer, *_without_strategy(train_args, "multiworker", why)]
+        command += ["--strategy", "multiworker"]
         return run_workers(command, num_workers, restarts=restarts, **kwargs)
     if restarts:
         raise UsageError(
             "--restarts with --ps: a parameter-server job outlives a lost worker; drop --restarts"
         )
     why = "launch --ps runs parameter-server training; drop --strategy"
-    chief = [sys.executable, "-m", "mdtrain", "train"]
-    chief += [*_without_strategy(train_args, "ps", why), "--strategy", "ps"]
+    chief = [*trainer, *_without_strategy(train_args, "ps", why), "--strategy", "ps"]
     server = [sys.executable, "-m", "mdtrain.ps", "serve"]
     return _run_ps_cluster(chief, server, num_workers, num_ps, **kwargs)
 
@@ -373,7 +390,8 @@ def _run_ps_cluster(
 
 def _watch_ps(job: Job, num_ps: int) -> int:
     """Waits for the chief; stops the servers then. Returns the job's exit status."""
-    procs, labels, say, hang_timeout_s = job.procs, job.labels, job.say, job.hang_timeout_s
+    procs, labels, say = job.procs, job.labels, job.say
+    hang_timeout_s = job.hang_timeout_s
     reported: set[int] = set()
     while True:
         codes = [p.poll() for p in procs]
@@ -382,15 +400,15 @@ def _watch_ps(job: Job, num_ps: int) -> int:
             say(f"the chief exited with code {codes[-1]}; stopping the servers")
             job.stop()
             return exit_status(codes[-1])
-        for i, code in enumerate(codes[:-1]):
-            if code is None or i in reported:
+        for task, code in enumerate(codes[:-1]):
+            if code is None or task in reported:
                 continue
-            reported.add(i)
-            if i < num_ps:
-                say(f"{labels[i]} exited with code {code}: its variables are lost; stopping all")
+            reported.add(task)
+            if task < num_ps:
+                say(f"{labels[task]} exited with code {code}: its variables are lost; stopping all")
                 job.stop()
                 return exit_status(code) or 1
-            say(f"{labels[i]} exited with code {code}; the chief reruns its steps on the others")
+            say(f"{labels[task]} exited with code {code}; the chief reruns its steps on the others")
         if hang_timeout_s is not None and time.monotonic() - job.last_output > hang_timeout_s:
             say(
                 f"no output for {hang_timeout_s:.0f}s: stuck; stopping all; exit code "
