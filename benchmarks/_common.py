@@ -14,6 +14,7 @@ import platform
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
@@ -44,6 +45,21 @@ def package_env(source: Path) -> dict[str, str]:
     """The environment of a process that imports mdtrain from `source`, on the CPU, quietly."""
     return {**os.environ, "PYTHONPATH": str(source), "TF_CPP_MIN_LOG_LEVEL": "2",
             "CUDA_VISIBLE_DEVICES": ""}  # fmt: skip
+
+
+def last_json(command: list[str], source: Path) -> tuple[dict, float]:
+    """Runs `command` with `source`'s mdtrain; its last stdout line as JSON, and its seconds.
+
+    The seconds run from the start to the exit of the process, on `time.perf_counter`.
+    """
+    start = time.perf_counter()
+    done = subprocess.run(command, env=package_env(source), cwd=REPO, capture_output=True,
+                          text=True)  # fmt: skip
+    seconds = time.perf_counter() - start
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(command[:4])} failed ({done.returncode}) with {source}:\n"
+                         f"{done.stderr[-2000:]}")  # fmt: skip
+    return json.loads(done.stdout.strip().splitlines()[-1]), seconds
 
 
 def machine_info() -> dict:

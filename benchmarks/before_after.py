@@ -28,34 +28,20 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
 
-from _common import REPO, bench_data, check_positive, checkout, machine_info, package_env, run_main
+from _common import REPO, bench_data, check_positive, checkout, last_json, machine_info, run_main
 
 PIPELINE = ("tfdata", "tfdata_augment_in_model", "tfdata_noaug", "tfdata_cached",
             "keras_directory_layers")  # fmt: skip
 
 
-def _last_json(command: list[str], source: Path) -> tuple[dict, float]:
-    """Runs `command` with `source`'s mdtrain; its last stdout line as JSON, and its seconds."""
-    start = time.perf_counter()
-    done = subprocess.run(command, env=package_env(source), cwd=REPO, capture_output=True,
-                          text=True)  # fmt: skip
-    seconds = time.perf_counter() - start
-    if done.returncode != 0:
-        raise SystemExit(f"{' '.join(command[:4])} failed ({done.returncode}) with {source}:\n"
-                         f"{done.stderr[-2000:]}")  # fmt: skip
-    return json.loads(done.stdout.strip().splitlines()[-1]), seconds
-
-
 def _measure(source: Path, data: Path, epochs: int) -> dict[str, float]:
     """One round of one version: the training job's rate and wall time, the pipeline's rates."""
-    train, seconds = _last_json([sys.executable, "-m", "mdtrain", "train", "--data", str(data),
+    train, seconds = last_json([sys.executable, "-m", "mdtrain", "train", "--data", str(data),
                                  "--epochs", str(epochs), "--json"], source)  # fmt: skip
-    pipeline, _ = _last_json([sys.executable, str(source / "benchmarks" / "pipeline.py"),
+    pipeline, _ = last_json([sys.executable, str(source / "benchmarks" / "pipeline.py"),
                               "--repeats", "1", "--json"], source)  # fmt: skip
     return {"train_images_per_sec": train["images_per_sec"], "train_wall_s": seconds,
             **{f"pipeline_{name}": pipeline[name] for name in PIPELINE}}  # fmt: skip

@@ -1,35 +1,47 @@
-"""The GPU check in one command: what this machine's GPUs do with TensorFlow and mdtrain.
+"""The GPU check in one command: correctness first, then what this machine's GPUs do.
 
-Run from the repository root on a machine with NVIDIA GPUs (about 6 minutes):
+Run from the repository root on a machine with NVIDIA GPUs (within 8 minutes on an H100):
 
-    python benchmarks/gpu.py [--out DIR] [--budget-s 360] [--json]
+    python benchmarks/gpu.py [--out DIR] [--budget-s 480] [--json]
 
-It writes `gpu.json` (every figure, the card, the versions, each section's
-status, error and duration) and `gpu.png` (images per second of every
-training variant) to `--out` (default: `benchmarks/`), and prints a verdict
-table. Sections, run in this order of value (a later one is skipped, and
-recorded as skipped, when the time budget runs low):
+It writes `gpu.json` (every figure, the card, the versions, the commit it ran
+and whether the tree was dirty, each section's status, error and duration)
+and `gpu.png` (images per second of every training run) to `--out` (default:
+`benchmarks/`), and prints a verdict table. Sections, run in this order, which
+is their order of value (one that no longer fits the budget is skipped and
+recorded as skipped):
 
 - a: the build's CUDA and cuDNN, the driver, the GPUs and their compute
   capability (NVML, nvidia-smi and TensorFlow), TF32, cuBLAS and cuDNN at work;
 - b: an XLA (`jit_compile=True`) function on a GPU, and on an empty batch;
-- c: `mdtrain train` default and `--mixed-precision` on every GPU, with a
-  last batch that leaves a replica empty (one GPU is split into two logical
-  GPUs for this): validation accuracy, images/s, the precision line, finite weights;
-- g: article 003's recipe (`image_dataset_from_directory`, Keras augmentation
-  layers, `keras.applications.EfficientNetV2B0`, MirroredStrategy, `fit`)
-  beside `mdtrain train --model efficientnetv2-b0` on the same images;
-- f: images/s on 1 and on 2 GPUs (two logical GPUs of one card where only one is);
-- e: EfficientNet-Lite0 from scratch with each `--batch-norm`;
-- d: `--augment-in pipeline` and `model`;
+- n: N ≡ 1 on 2 devices with TF32 off: the largest relative weight difference
+  of 2 devices against 1, per case (an empty replica slice; each `--batch-norm`);
+- s: float16 with loss scaling forced (an override: compute capability 8.0 and
+  up picks bfloat16), an overflow on replica 1 only: weights finite, step
+  skipped, loss scale halved;
+- c: `mdtrain train` default and `--mixed-precision`, with a last batch that
+  leaves a replica empty: validation accuracy, the precision line, finite weights;
+- e: EfficientNet-Lite0 from scratch with each `--batch-norm`, small images;
+- d: `--augment-in pipeline` (c's default run is the `model` run);
+- i: `--deterministic` with the small CNN and with Lite0: runs, or which op refuses;
+- p: `pytest -m gpu` (tests/test_gpu.py), each test's outcome;
+- g: article 003's recipe (`recipe.py`: `image_dataset_from_directory` + cache,
+  Keras augmentation layers, the same small CNN, MirroredStrategy, `fit`)
+  beside `mdtrain train` on the same images and devices: both sides' validation
+  accuracy against chance, images/s on one clock (the same epoch timer);
+- f: images/s on 1 device and on 2 (two logical GPUs of one card where there
+  is one card: shared SMs, no NCCL);
 - h: NVML utilisation (mdtrain's sampler) beside `nvidia-smi`, polled together
-  while the small-CNN runs (c, f, d) train;
-- i: `--deterministic` with the small CNN and with Lite0: runs, or which op refuses.
+  while g and f train.
 
-TensorFlow runs only in worker processes (`gpu_worker.py`), a few runs each,
-so that a crash or a hang costs one run, never the report. Without an NVIDIA
-GPU it prints one line and exits 0. `--dry-run-on-cpu` runs every section on
-two CPU replicas with tiny sizes, to debug the script where there is no GPU.
+One GPU is split into two logical GPUs so that a MirroredStrategy has two
+replicas; every figure of such a layout says so. TensorFlow runs only in
+worker processes (`gpu_worker.py`), a few runs each, so that a crash or a
+hang costs one run, never the report. Without an NVIDIA GPU it prints one
+line and exits 0. `--dry-run-on-cpu` runs every section's code path on two
+CPU replicas with tiny sizes (one run per section where a section has
+several alike, the small CNN in place of Lite0), writing to a temporary
+folder unless `--out` is given.
 """
 
 from __future__ import annotations
@@ -57,20 +69,28 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(REPO))  # mdtrain from the checkout, as the worker finds it
 
-from gpu_worker import PREFIX, RANDOM_B0  # noqa: E402
+from gpu_worker import PREFIX  # noqa: E402
 
 #: Section id: what it checks. The order is the order of value (and of running).
 SECTIONS = {
     "a": "build, driver, GPUs, TF32",
     "b": "XLA function on a GPU",
+    "n": "N ≡ 1 on 2 devices, TF32 off, per case",
+    "s": "float16 loss scaling forced, overflow on replica 1",
     "c": "mdtrain train default and --mixed-precision, a replica left empty",
-    "g": "article 003's recipe beside mdtrain train",
-    "f": "images/s on 1 and 2 GPUs",
     "e": "EfficientNet-Lite0 from scratch, each --batch-norm",
-    "d": "--augment-in pipeline and model",
-    "h": "NVML utilisation beside nvidia-smi",
+    "d": "--augment-in pipeline beside model",
     "i": "--deterministic on the GPU",
+    "p": "pytest -m gpu",
+    "g": "article 003's recipe beside mdtrain train, one clock",
+    "f": "images/s on 1 and 2 devices",
+    "h": "NVML utilisation beside nvidia-smi",
 }
+#: What a figure of two replicas on one split card is (every label of such a figure says so).
+SPLIT_LABEL = "2 logical GPUs of one card: shared SMs, no NCCL"
+DRY_LABEL = "2 virtual CPU devices (dry run)"
+#: A side of a comparison learns when its validation accuracy is above this many times chance.
+LEARNING = 1.5
 BATCH_NORMS = ("exact", "synchronized", "local")
 OUTPUT_RESERVE_S = 10.0  # writing the JSON and drawing the chart
 SMI_QUERY = ["--query-gpu=timestamp,index,utilization.gpu", "--format=csv,noheader,nounits"]
@@ -83,30 +103,28 @@ class Sizes:
     small_target: int  # training images of the small-CNN set, about
     small_px: int
     small_batch: int  # per replica
-    big: tuple[int, int, int]  # classes, per class, image size of the EfficientNet set
+    big: tuple[int, int, int]  # classes, per class, image size of the throughput set
     epochs: dict[str, int]
-    f_px: int
-    effnet_px: int
-    lite0_det_px: int
-    effnet_batch: int  # per replica
+    big_px: int  # the throughput runs' image size
+    lite0_px: int
     start_s: float  # a worker's TensorFlow start
     estimate_s: dict[str, float]  # a run's, by kind
 
 
 GPU_SIZES = Sizes(
-    small_target=2300, small_px=48, small_batch=64, big=(5, 400, 240),
-    epochs={"c": 8, "f": 5, "g": 3, "e": 2, "i": 1},
-    f_px=128, effnet_px=224, lite0_det_px=64, effnet_batch=32, start_s=20,
-    estimate_s={"probe": 30, "small": 20, "f": 25, "recipe": 45, "b0": 45, "lite0": 45,
-                "lite0_det": 40},
+    small_target=2300, small_px=48, small_batch=64, big=(5, 400, 160),
+    epochs={"c": 8, "d": 4, "e": 2, "i": 1, "g": 5, "f": 5},
+    big_px=128, lite0_px=64, start_s=20,
+    estimate_s={"probe": 30, "numerics": 45, "overflow": 10, "small": 20, "lite0": 30,
+                "lite0_det": 30, "pytest": 120, "recipe": 30, "big": 25},
 )  # fmt: skip
 DRY_SIZES = Sizes(
-    small_target=60, small_px=24, small_batch=8, big=(3, 10, 40),
-    epochs={"c": 2, "f": 2, "g": 2, "e": 2, "i": 1},
-    f_px=32, effnet_px=32, lite0_det_px=32, effnet_batch=4, start_s=20,
-    # two shared, busy cores: an EfficientNet's first step alone takes minutes there
-    estimate_s={"probe": 30, "small": 40, "f": 40, "recipe": 150, "b0": 150, "lite0": 150,
-                "lite0_det": 120},
+    small_target=60, small_px=24, small_batch=8, big=(3, 10, 32),
+    epochs={"c": 2, "d": 1, "e": 1, "i": 1, "g": 2, "f": 1},
+    big_px=24, lite0_px=32, start_s=20,
+    # two shared, busy cores
+    estimate_s={"probe": 30, "numerics": 60, "overflow": 20, "small": 30, "lite0": 30,
+                "lite0_det": 90, "pytest": 120, "recipe": 40, "big": 30},
 )  # fmt: skip
 
 
@@ -228,54 +246,78 @@ def _small_geometry(target: int, global_batch: int, replicas: int) -> tuple[int,
     return 5, max(5, target // 5)  # no such size (a replica count with the batch's factors)
 
 
-def make_plan(sizes: Sizes, replicas: int, work: Path, dry_run: bool) -> tuple[dict, list]:
-    """The datasets to make and the groups of runs, in order of running."""
+def make_plan(sizes: Sizes, replicas: int, work: Path, dry_run: bool, two: str = "") -> tuple:
+    """The datasets to make and the groups of runs, in order of running (of value).
+
+    `two` labels a run on two devices (`SPLIT_LABEL` where one card is split). A dry
+    run makes one run per section where a section has several alike.
+    """
+    from gpu_worker import NUMERICS_CASES
+
     small_batch = sizes.small_batch * replicas
     classes, per_class = _small_geometry(sizes.small_target, small_batch, replicas)
     data = {"small": (work / "small", classes, per_class, sizes.small_px),
             "big": (work / "big", *sizes.big)}  # fmt: skip
     small, big = str(data["small"][0]), str(data["big"][0])
-    est, ep = sizes.estimate_s, sizes.epochs
+    est, epochs = sizes.estimate_s, {k: str(v) for k, v in sizes.epochs.items()}
     common = ["--data", small, "--global-batch-size", str(small_batch)]
+    # A dry run checks the check's code: the small CNN stands in for Lite0 (minutes on 2 cores).
+    model = (
+        ["--image-size", str(sizes.small_px)]
+        if dry_run
+        else [
+            "--model",
+            "efficientnet-lite0",
+            "--weights",
+            "none",
+            "--image-size",
+            str(sizes.lite0_px),
+        ]
+    )
+    lite0 = [*common, *model, "--epochs", epochs["e"]]  # fmt: skip
+    cases = list(NUMERICS_CASES)
 
     def mdtrain(rid, label, argv, kind="small"):
         return Run(rid, rid[0], label, "mdtrain", est[kind], argv)
 
-    small_runs = [
-        mdtrain("c.default", "mdtrain train", [*common, "--epochs", str(ep["c"])]),
+    correctness = [
+        Run("n.cases", "n", f"2 devices against 1 ({two})", "numerics", est["numerics"],
+            extra={"cases": [cases[0], cases[-1]] if dry_run else cases}),
+        Run("s.overflow", "s", f"float16 forced, overflow on replica 1 ({two})", "overflow",
+            est["overflow"]),
+        mdtrain("c.default", "mdtrain train", [*common, "--epochs", epochs["c"]]),
         mdtrain("c.mixed", "--mixed-precision",
-                [*common, "--epochs", str(ep["c"]), "--mixed-precision"]),
-        *(mdtrain(f"f.{name}", label, ["--data", big, "--image-size", str(sizes.f_px),
-                  "--batch-size-per-replica", str(sizes.small_batch), "--epochs", str(ep["f"]),
-                  "--strategy", strategy], kind="f")
-          for name, label, strategy in (("one", "1 device", "one"),
-                                        ("all", "every device", "auto"))),
-        # c's default run augments in the model (auto): with c, it is d's "model" run too
-        *(mdtrain(f"d.{place}", f"--augment-in {place}",
-                  [*common, "--epochs", str(ep["c"]), "--augment-in", place])
-          for place in ("pipeline", "model")),
+                [*common, "--epochs", epochs["c"], "--mixed-precision"]),
+        *(mdtrain(f"e.{norm}", f"{'small-cnn (dry run)' if dry_run else 'Lite0'} --batch-norm "
+                  f"{norm}", [*lite0, "--batch-norm", norm], kind="lite0")
+          for norm in (BATCH_NORMS[:1] if dry_run else BATCH_NORMS)),
+        mdtrain("d.pipeline", "--augment-in pipeline",
+                [*common, "--epochs", epochs["d"], "--augment-in", "pipeline"]),
         mdtrain("i.small-cnn", "small-cnn --deterministic",
-                [*common, "--epochs", str(ep["i"]), "--deterministic"]),
+                [*common, "--epochs", epochs["i"], "--deterministic"]),
+        *([] if dry_run else [mdtrain("i.lite0", "Lite0 --deterministic",
+                                      [*lite0, "--deterministic"], kind="lite0_det")]),
     ]  # fmt: skip
-    px, batch = str(sizes.effnet_px), sizes.effnet_batch * replicas
-    effnet = ["--data", big, "--image-size", px, "--global-batch-size", str(batch)]
-    recipe = {"data": big, "image_size": sizes.effnet_px, "global_batch": batch,
-              "epochs": ep["g"], "devices": ["/cpu:0", "/cpu:1"] if dry_run else None}  # fmt: skip
-    lite0 = ["--model", "efficientnet-lite0", "--weights", "none"]
-    effnet_runs = [
-        Run("g.recipe", "g", "article 003 recipe", "recipe", est["recipe"], extra=recipe),
-        Run("g.mdtrain", "g", "mdtrain train", "mdtrain", est["b0"],
-            [*effnet, "--model", "efficientnetv2-b0", "--weights", RANDOM_B0,
-             "--epochs", str(ep["g"])]),
-        *(Run(f"e.{norm}", "e", f"Lite0 --batch-norm {norm}", "mdtrain", est["lite0"],
-              [*effnet, *lite0, "--batch-norm", norm, "--epochs", str(ep["e"])])
-          for norm in BATCH_NORMS),
-        Run("i.lite0", "i", "Lite0 --deterministic", "mdtrain", est["lite0_det"],
-            [*common, *lite0, "--image-size", str(sizes.lite0_det_px), "--epochs", str(ep["i"]),
-             "--deterministic"]),
+    big_args = ["--data", big, "--image-size", str(sizes.big_px), "--epochs"]
+    recipe = {
+        "data": big,
+        "image_size": sizes.big_px,
+        "global_batch": small_batch,
+        "epochs": sizes.epochs["g"],
+        "devices": ["/cpu:0", "/cpu:1"] if dry_run else None,
+    }
+    throughput = [
+        Run("g.recipe", "g", f"article 003 recipe ({two})", "recipe", est["recipe"],
+            extra=recipe),
+        mdtrain("g.mdtrain", f"mdtrain train ({two})",
+                [*big_args, epochs["g"], "--global-batch-size", str(small_batch)], kind="big"),
+        *(mdtrain(f"f.{name}", label, [*big_args, epochs["f"], "--batch-size-per-replica",
+                  str(sizes.small_batch), "--strategy", strategy], kind="big")
+          for name, label, strategy in (("one", "1 device", "one"),
+                                        ("all", f"every device ({two})", "auto"))),
     ]  # fmt: skip
-    return data, [Group("probe", [], probe=True), Group("small", small_runs),
-                  Group("effnet", effnet_runs)]  # fmt: skip
+    return data, [Group("probe", [], probe=True), Group("correctness", correctness),
+                  Group("throughput", throughput)]  # fmt: skip
 
 
 def set_deadlines(groups: list[Group], end: float, start_s: float) -> None:
@@ -625,8 +667,43 @@ def _key_b(report: dict) -> tuple[str, str, str | None]:
     return ("ok" if zero.get("ok") else "failed"), key, zero.get("error")
 
 
+def _learns(run: dict) -> bool | None:
+    """Whether a run's validation accuracy is above `LEARNING` times chance (None: unknown)."""
+    accuracy, classes = run.get("val_accuracy"), run.get("classes")
+    if accuracy is None or not classes:
+        return None
+    return accuracy > LEARNING / classes
+
+
+def _accuracy(run: dict) -> str:
+    chance = f" (chance {1 / run['classes']:.2f})" if run.get("classes") else ""
+    return f"val {_fmt(run.get('val_accuracy'), '.2f')}{chance}"
+
+
+def _key_n(by_id: dict) -> str:
+    cases = by_id.get("cases", {}).get("cases") or {}
+    return "; ".join(f"{case}: {value['max_relative_difference']:.1e}"
+                     f"{'' if value['equal'] or not value['must_equal'] else ' (ABOVE 1e-4)'}"
+                     for case, value in cases.items()) or by_id.get("cases", {}).get(
+                         "status", "-")  # fmt: skip
+
+
+def _key_s(by_id: dict) -> str:
+    run = by_id.get("overflow", {})
+    if run.get("status") != "ok":
+        return run.get("status", "-")
+    return (f"{run['compute_dtype']} on {len(run['devices'])} devices: weights "
+            f"{'finite' if run['weights_finite'] else 'NON-FINITE'}, step "
+            f"{'skipped' if run['step_skipped'] else 'APPLIED'}, loss scale "
+            f"{run['loss_scale_before']:g} -> {run['loss_scale_after']:g}")  # fmt: skip
+
+
 def _key_runs(section: str, runs: list[dict], report: dict) -> str:
     by_id = {r["id"].split(".", 1)[1]: r for r in runs}
+    if section == "n":
+        return _key_n(by_id)
+    if section == "s":
+        return _key_s(by_id)
 
     def rate(name: str) -> str:
         r = by_id.get(name, {})
@@ -636,14 +713,17 @@ def _key_runs(section: str, runs: list[dict], report: dict) -> str:
         x, y = (by_id.get(n, {}).get("images_per_sec") for n in (a, b))
         return f" ({y / x:.2f}×)" if x and y else ""
 
+    def learned(name: str) -> str:
+        r = by_id.get(name, {})
+        return f"{rate(name)} img/s {_accuracy(r)}" if r.get("status") == "ok" else rate(name)
+
     if section == "c":
         parts = []
         for name, r in by_id.items():
             if r.get("status") == "ok":
                 precision = r.get("precision") or r.get("model_dtype_policy")
                 finite = "finite" if r.get("weights_finite") else "NON-FINITE"
-                accuracy = _fmt(r.get("val_accuracy"), ".2f")
-                parts.append(f"{name} {rate(name)} img/s val {accuracy} {finite} {precision}")
+                parts.append(f"{name} {_accuracy(r)} {finite} {precision}")
             else:
                 parts.append(f"{name} {r.get('status')}")
         geo = next((r for r in runs if r.get("status") == "ok"), {})
@@ -652,16 +732,14 @@ def _key_runs(section: str, runs: list[dict], report: dict) -> str:
             parts.append(f"last batch {geo['last_batch']} on {geo.get('replicas')} replicas{empty}")
         return "; ".join(parts)
     if section == "g":
-        speedup = ratio("recipe", "mdtrain")
-        return f"recipe {rate('recipe')}, mdtrain {rate('mdtrain')} img/s{speedup}"
+        return (f"recipe {learned('recipe')}, mdtrain {learned('mdtrain')}"
+                f"{ratio('recipe', 'mdtrain')}; {report.get('two_devices')}")  # fmt: skip
     if section == "f":
-        n = by_id.get("all", {}).get("replicas", "?")
-        return f"1: {rate('one')}, {n}: {rate('all')} img/s{ratio('one', 'all')}"
-    if section == "e":
-        return ", ".join(f"{norm} {rate(norm)}" for norm in BATCH_NORMS) + " img/s"
-    if section == "d":
-        speedup = ratio("pipeline", "model")
-        return f"pipeline {rate('pipeline')}, model {rate('model')} img/s{speedup}"
+        return f"1: {rate('one')}, 2: {rate('all')} img/s{ratio('one', 'all')}; " + str(
+            report.get("two_devices")
+        )
+    if section in "ed":
+        return "; ".join(f"{name} {learned(name)}" for name in by_id)
     if section == "i":
         return "; ".join(f"{name}: {'runs' if r.get('status') == 'ok' else r.get('error')}"
                          for name, r in by_id.items())  # fmt: skip
@@ -678,6 +756,29 @@ def _key_h(h: dict) -> str:
             f"{h['pairs']} pairs, |difference| median {diff['median']:.1f}")  # fmt: skip
 
 
+def _judge(section: str, runs: list[dict], report: dict) -> tuple[str, str | None]:
+    """A section's status from its runs, and what the runs' own figures fail, if anything."""
+    status, error = _section_status(runs), _first_error(runs)
+    if status != "ok":
+        return status, error
+    failed = [r for r in runs if r.get("passed") is False]  # n and s judge their numbers
+    if failed:
+        return "failed", f"{failed[0]['id']}: the figures miss their bound"
+    if section == "g" and not report["dry_run"]:  # a comparison holds where both sides learn
+        flat = [r["id"] for r in runs if _learns(r) is False]
+        if flat:
+            return "failed", f"{', '.join(flat)}: at chance, the comparison says nothing"
+    return status, error
+
+
+def _pytest_entry(report: dict) -> dict:
+    result = report.get("pytest") or {"status": "skipped", "error": "did not run"}
+    counts = result.get("counts") or {}
+    key = ", ".join(f"{n} {outcome}" for outcome, n in counts.items()) or "no result"
+    return {"status": result["status"], "key": key, "error": result.get("error"),
+            "seconds": result.get("seconds")}  # fmt: skip
+
+
 def sections(report: dict, chosen: str) -> dict:
     """Every section's status, key figure, error and seconds, from the runs and the probe."""
     out = {}
@@ -690,14 +791,17 @@ def sections(report: dict, chosen: str) -> dict:
             seconds = sum(p["seconds"] for p in report["processes"] if p["group"] == "probe")
             entry.update(status=status, key=key, error=error, seconds=seconds)
         elif sid == "h":
-            h = report.get("h") or {"status": "skipped", "error": "no small-CNN run was made"}
+            h = report.get("h") or {"status": "skipped", "error": "no throughput run was made"}
             entry.update(status=h["status"], key=_key_h(h), error=h.get("error"))
+        elif sid == "p":
+            entry.update(_pytest_entry(report))
         else:
             runs = [{**v, "id": k} for k, v in report["runs"].items() if k.startswith(sid + ".")]
+            status, error = _judge(sid, runs, report)
             entry.update(
-                status=_section_status(runs),
+                status=status,
                 key=_key_runs(sid, runs, report),
-                error=_first_error(runs),
+                error=error,
                 seconds=round(sum(r.get("seconds") or 0 for r in runs), 1),
             )
         out[sid] = entry
@@ -711,7 +815,7 @@ def _bars(report: dict) -> dict[str, float]:
     for rid in sorted(report["labels"], key=lambda rid: rank[rid[0]]):  # stable: plan order
         r = report["runs"].get(rid, {})
         # i's single epochs include tracing: no rate to compare
-        if r.get("status") != "ok" or not r.get("images_per_sec") or rid[0] == "i":
+        if r.get("status") != "ok" or not r.get("images_per_sec") or rid[0] in "ie":
             continue
         if r.get("same_run_as"):  # drawn once, under its own run
             continue
@@ -734,27 +838,80 @@ def verdict_table(report: dict) -> str:
 
 def headline(report: dict) -> str:
     if report["dry_run"]:
-        return "GPU check DRY RUN on 2 CPU replicas (tiny sizes; no GPU figures)"
+        return ("GPU check DRY RUN on 2 CPU replicas (tiny sizes; no GPU figures); commit "
+                f"{(report.get('source') or {}).get('commit', '?')[:12]}")  # fmt: skip
     nvml, probe = report["nvml"], report.get("probe") or {}
     names = [g.get("name") for g in nvml.get("gpus", [])]
     layouts = report["layouts"]
-    layout = layouts.get("small") or layouts.get("effnet") or layouts.get("probe") or {}
+    layout = layouts.get("correctness") or layouts.get("throughput") or layouts.get("probe") or {}
+    source = report.get("source") or {}
+    dirty = " (dirty tree)" if source.get("dirty") else ""
     return (f"GPU check: {report['gpu']} x{len(names)}, driver {nvml.get('driver')}, TensorFlow "
             f"{probe.get('versions', {}).get('tensorflow')}, layout: "
-            f"{layout.get('split') or layout.get('devices')}")  # fmt: skip
+            f"{layout.get('split') or layout.get('devices')}; commit "
+            f"{source.get('commit', '?')[:12]}{dirty}")  # fmt: skip
 
 
 # ------------------------------------------------------------------ main
-def _refusal() -> str | None:
-    """What `mdtrain train --model efficientnetv2-b0 --weights none` says (before TensorFlow)."""
-    from mdtrain.config import TrainConfig
-    from mdtrain.errors import UsageError
+def source_state() -> dict:
+    """The commit this check runs, and whether tracked files differ from it (a dirty tree)."""
+
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True,
+                              timeout=30)  # fmt: skip
+        return done.stdout.strip() if done.returncode == 0 else ""
 
     try:
-        TrainConfig(model="efficientnetv2-b0", weights="none").validate()
-    except UsageError as e:
-        return str(e)
-    return None
+        commit, changed = git("rev-parse", "HEAD"), git("status", "--porcelain", "-uno")
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return {"commit": None, "error": f"{type(e).__name__}: {e}"}
+    return {"commit": commit or None, "dirty": bool(changed),
+            "changed": changed.splitlines()[:20]}  # fmt: skip
+
+
+# ------------------------------------------------------------------ p: pytest -m gpu
+def _junit_cases(path: Path) -> list[dict]:
+    """Each test case of a JUnit XML report: its name, outcome, seconds and message."""
+    import xml.etree.ElementTree as ElementTree
+
+    cases = []
+    for case in ElementTree.parse(path).getroot().iter("testcase"):
+        found = [child for child in case if child.tag in ("failure", "error", "skipped")]
+        outcome = {"failure": "failed", "error": "error", "skipped": "skipped"}.get(
+            found[0].tag if found else "", "passed"
+        )
+        message = (found[0].get("message") or found[0].text or "")[:1000] if found else None
+        cases.append({"test": case.get("name"), "outcome": outcome,
+                      "seconds": float(case.get("time") or 0), "message": message})  # fmt: skip
+    return cases
+
+
+def run_pytest(clock: Clock, work: Path, estimate_s: float) -> dict:
+    """`pytest -m gpu tests/test_gpu.py` in a subprocess: every test's outcome and message."""
+    if clock.left() < estimate_s:
+        return {"status": "skipped", "error": f"time budget: {clock.left():.0f} s left"}
+    report = work / "pytest-gpu.xml"
+    command = [sys.executable, "-m", "pytest", "-m", "gpu", "tests/test_gpu.py", "-q",
+               "-p", "no:cacheprovider", f"--junitxml={report}"]  # fmt: skip
+    start = time.time()
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, cwd=REPO,
+                              env=_worker_env(), timeout=max(clock.left(), 1))  # fmt: skip
+        exit_line = f"exit {done.returncode}"
+    except subprocess.TimeoutExpired:
+        exit_line = "timeout"
+    result = {"command": " ".join(["python", *command[1:-1]]), "exit": exit_line,
+              "seconds": round(time.time() - start, 1)}  # fmt: skip
+    tests = _junit_cases(report) if report.exists() else []
+    counts: dict[str, int] = {}
+    for test in tests:
+        counts[test["outcome"]] = counts.get(test["outcome"], 0) + 1
+    bad = [t for t in tests if t["outcome"] in ("failed", "error")]
+    result.update(tests=tests, counts=counts, status="failed" if bad or not tests else "ok",
+                  error=f"{bad[0]['test']}: {bad[0]['message']}" if bad else
+                  None if tests else f"no report ({exit_line})")  # fmt: skip
+    say(clock, f"pytest -m gpu: {counts or exit_line}")
+    return result
 
 
 def machine() -> dict:
@@ -803,9 +960,10 @@ def _prepare(args, clock: Clock, nvml: dict, smi: dict) -> tuple[dict, list, dic
     sizes = DRY_SIZES if dry else GPU_SIZES
     physical = max(nvml.get("count") or 0, len(smi.get("rows") or []), 1)
     replicas = 2 if dry or physical == 1 else physical
+    two = DRY_LABEL if dry else SPLIT_LABEL if physical == 1 else f"{physical} GPUs, NCCL"
     work = Path(args.work or tempfile.mkdtemp(prefix="mdtrain-gpu-check-"))
     work.mkdir(parents=True, exist_ok=True)
-    data, groups = make_plan(sizes, replicas, work, dry)
+    data, groups = make_plan(sizes, replicas, work, dry, two)
     for group in groups:  # the chosen sections; d's model run is c's default run when c runs
         group.runs = [r for r in group.runs if r.section in args.sections
                       and not (r.id == "d.model" and "c" in args.sections)]  # fmt: skip
@@ -818,6 +976,8 @@ def _prepare(args, clock: Clock, nvml: dict, smi: dict) -> tuple[dict, list, dic
     gpu_name = "CPU (dry run)" if dry else str((nvml.get("gpus") or [{}])[0].get("name"))
     report: dict = {
         "gpu": gpu_name, "dry_run": dry, "command": " ".join(["python", *sys.argv]),
+        "source": source_state(), "two_devices": two,
+        "pytest_estimate_s": sizes.estimate_s["pytest"],
         "started": dt.datetime.now().isoformat(timespec="seconds"), "budget_s": args.budget_s,
         "machine": machine(), "nvml": nvml, "nvidia_smi": smi,
         "environment": {k: os.environ.get(k) for k in ("CUDA_VISIBLE_DEVICES", "XLA_FLAGS",
@@ -826,7 +986,7 @@ def _prepare(args, clock: Clock, nvml: dict, smi: dict) -> tuple[dict, list, dic
         "replicas": replicas, "datasets": {}, "layouts": {}, "probe": None, "runs": {},
         "labels": {r.id: r.label for g in groups for r in g.runs},
         "argv": {r.id: r.argv or r.extra for g in groups for r in g.runs},
-        "efficientnetv2_weights_none": _refusal(), "processes": [],
+        "processes": [],
     }  # fmt: skip
     say(clock, f"{gpu_name}: {0 if dry else physical} GPU(s), {replicas} replicas; "
         f"budget {args.budget_s:.0f} s; work folder {work}")  # fmt: skip
@@ -834,11 +994,14 @@ def _prepare(args, clock: Clock, nvml: dict, smi: dict) -> tuple[dict, list, dic
 
 
 def _execute(args, clock: Clock, report: dict, groups: list, data: dict, base: dict) -> None:
-    """Makes the datasets (beside the probe), then runs each group; h beside the small one."""
+    """Makes the datasets (beside the probe), then runs each group in order: `pytest -m gpu`
+    after the correctness runs, h beside the throughput runs."""
     work = Path(base["work"])
     synth = start_data(data, clock, work) if any(g.runs for g in groups) else {}
     bad: list[str] = []
     for group in groups:
+        if group.name == "throughput" and "p" in args.sections:
+            report["pytest"] = run_pytest(clock, work, report["pytest_estimate_s"])
         if group.runs and synth:
             report["datasets"] = wait_data(synth, clock)
             synth, bad = {}, [k for k, v in report["datasets"].items() if v["error"]]
@@ -847,7 +1010,7 @@ def _execute(args, clock: Clock, report: dict, groups: list, data: dict, base: d
                 report["runs"][run.id] = {"status": "failed", "error": f"data synth: {bad}"}
             continue
         pair = None
-        if group.name == "small" and "h" in args.sections:
+        if group.name == "throughput" and "h" in args.sections:
             try:
                 pair = UtilisationPair(work)
             except Exception as e:  # noqa: BLE001 - h fails, the runs go on
@@ -857,6 +1020,8 @@ def _execute(args, clock: Clock, report: dict, groups: list, data: dict, base: d
         if pair is not None:
             report["h"] = pair.result(base["dry_run"])
         write_outputs(report, args.out, final=False)
+    if "p" in args.sections and "pytest" not in report:  # no throughput group was chosen
+        report["pytest"] = run_pytest(clock, work, report["pytest_estimate_s"])
 
 
 def _share_default_run(report: dict, chosen: str) -> None:
@@ -905,15 +1070,17 @@ def check(args) -> dict | None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=HERE,
-                        help="folder for gpu.json and gpu.png (default: benchmarks/)")  # fmt: skip
-    parser.add_argument("--budget-s", type=float, default=360.0,
+    parser.add_argument("--out", type=Path,
+                        help="folder for gpu.json and gpu.png (default: benchmarks/; a "
+                        "temporary folder with --dry-run-on-cpu)")  # fmt: skip
+    parser.add_argument("--budget-s", type=float, default=480.0,
                         help="wall-clock budget in seconds; sections that no longer fit are "
-                        "skipped (default: 360)")  # fmt: skip
+                        "skipped (default: 480)")  # fmt: skip
     parser.add_argument(
         "--dry-run-on-cpu",
         action="store_true",
-        help="run every section on 2 CPU replicas with tiny sizes (to debug)",
+        help="run every section's code path on 2 CPU replicas with tiny sizes (never "
+        "writes the committed record unless --out says so)",
     )
     parser.add_argument(
         "--sections",
@@ -931,6 +1098,10 @@ def main() -> None:
         what = f"--sections {args.sections}" if unknown else f"--budget-s {args.budget_s:g}"
         raise UsageError(f"{what}: choose from {''.join(SECTIONS)}; a budget above "
                          f"{OUTPUT_RESERVE_S:.0f} s")  # fmt: skip
+    if args.out is None:  # a dry run never overwrites the committed record by default
+        args.out = (
+            Path(tempfile.mkdtemp(prefix="mdtrain-gpu-dry-")) if args.dry_run_on_cpu else HERE
+        )
     report = check(args)
     if report is None:
         if args.json:

@@ -10,10 +10,12 @@ MirroredStrategy has two replicas to split a batch over); CPU replicas in a
 dry run. Every run catches its own error and says what it was.
 
 Run kinds: `probe` (build, devices, TF32, cuBLAS, cuDNN and XLA checks),
-`mdtrain` (`mdtrain train` with the given arguments, parsed by the CLI's own
-parser, through `mdtrain.training.train`), `recipe` (article 003's recipe:
-`image_dataset_from_directory`, Keras augmentation layers in the model,
-`keras.applications.EfficientNetV2B0`, MirroredStrategy and `fit`).
+`numerics` (2 devices against 1 with TF32 off: the largest relative weight
+difference per case), `overflow` (float16 with loss scaling forced, an overflow
+on replica 1 only), `mdtrain` (`mdtrain train` with the given arguments, parsed
+by the CLI's own parser, through `mdtrain.training.train`), `recipe` (article
+003's recipe, `recipe.recipe_fit`: `image_dataset_from_directory` + cache, Keras
+augmentation layers in the model, the same small CNN, MirroredStrategy, `fit`).
 """
 
 from __future__ import annotations
@@ -29,10 +31,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # mdtrain from the checkout
+sys.path.insert(1, str(Path(__file__).resolve().parent))  # recipe.py, _common.py
 
 PREFIX = "GPUCHECK "
-#: Where a run's argument list names the random EfficientNetV2-B0 weights file the worker makes.
-RANDOM_B0 = "{random_b0_notop}"
 
 
 def emit(event: dict) -> None:
@@ -311,28 +312,12 @@ def _xla_zero_size(tf, device: str) -> dict:
 
 
 # ------------------------------------------------------------------ training runs
-def _random_b0_notop(size: int, folder: str) -> str:
-    """A random EfficientNetV2-B0 base saved as a weights file: `--weights` without network."""
-    import keras
-
-    path = Path(folder) / f"efficientnetv2-b0_random_{size}_notop.weights.h5"
-    if not path.exists():
-        keras.utils.set_random_seed(0)
-        keras.applications.EfficientNetV2B0(
-            include_top=False, weights=None, input_shape=(size, size, 3), pooling="avg"
-        ).save_weights(str(path))
-    return str(path)
-
-
 def mdtrain_run(run: dict, work: str, record: dict) -> None:
     """`mdtrain train ARGS` as the CLI parses it, through `train()`; its figures into `record`."""
     from mdtrain.cli import config_from_args
     from mdtrain.training import train
 
     argv = list(run["argv"])
-    if RANDOM_B0 in argv:
-        size = int(argv[argv.index("--image-size") + 1])
-        argv[argv.index(RANDOM_B0)] = _random_b0_notop(size, work)
     timer, tee = _epoch_timer(), _Tee()
     record["argv"] = argv
     try:
@@ -354,6 +339,7 @@ def mdtrain_run(run: dict, work: str, record: dict) -> None:
         weights_finite=_finite(result.model), **_rates(timer, result.num_train),
     )  # fmt: skip
     record["empty_replica"] = 0 < record["last_batch"] < replicas
+    record["classes"] = len(result.class_names)
 
 
 def _printed(lines: list[str]) -> dict:
@@ -367,73 +353,169 @@ def _printed(lines: list[str]) -> dict:
 
 
 def recipe_run(run: dict, work: str, record: dict) -> None:
-    """Article 003's recipe on the same images: Keras' own loader, layers, model and `fit`."""
-    tee = _Tee()
+    """Article 003's recipe on the same images (`recipe.recipe_fit`): the small CNN, `fit`."""
+    from recipe import recipe_fit
+
+    timer, tee = _epoch_timer(), _Tee()
     try:
         with contextlib.redirect_stdout(tee), contextlib.redirect_stderr(tee):
-            model, strategy, train_ds, history, timer = _recipe_fit(run)
+            model, strategy, train_ds, history = recipe_fit(
+                run["data"], run["image_size"], run["global_batch"], run["epochs"],
+                run.get("devices"), callbacks=[timer],
+            )  # fmt: skip
     finally:
         record["printed"] = {"tail": tee.lines()[-6:]}
     num_train = len(train_ds.file_paths)
     record.update(
         replicas=strategy.num_replicas_in_sync, global_batch_size=run["global_batch"],
         num_train=num_train, image_size=run["image_size"], epochs=run["epochs"],
+        classes=len(train_ds.class_names),
         val_accuracy=history.history.get("val_accuracy", [None])[-1],
         loss=history.history.get("loss", [None])[-1],
         weights_finite=_finite(model), **_rates(timer, num_train),
     )  # fmt: skip
 
 
-def _recipe_fit(run: dict):
-    """The recipe itself: a frozen EfficientNetV2-B0 (random: no network) under augmentation."""
-    import keras
+# ------------------------------------------------------------------ correctness (n, s)
+def _two_strategies():
+    """One device, and the first two under MirroredStrategy (through one device where they
+    share a card: NCCL refuses two ranks on one); the GPUs, else the CPUs of a dry run."""
     import tensorflow as tf
 
     from mdtrain.compat import fresh_collective_keys
 
-    data, size, batch = run["data"], run["image_size"], run["global_batch"]
-    layers = keras.layers
-    keras.utils.set_random_seed(0)
-
-    def load(split):
-        return keras.utils.image_dataset_from_directory(
-            f"{data}/{split}", shuffle=True, seed=0, batch_size=batch, image_size=(size, size)
-        )
-
-    train_ds, val_ds = load("train"), load("val")
-    fresh_collective_keys()  # another MirroredStrategy over these devices may come before
-    # NCCL, the default over GPUs, refuses two ranks on one card ("invalid usage").
-    shared = len(tf.config.list_logical_devices("GPU")) > len(
-        tf.config.list_physical_devices("GPU")
-    )
+    devices = _names(tf.config.list_logical_devices("GPU") or tf.config.list_logical_devices())
+    devices = devices[:2]
+    shared = len(tf.config.list_physical_devices("GPU")) < 2
+    fresh_collective_keys()
     reduce = tf.distribute.ReductionToOneDevice() if shared else None
-    strategy = tf.distribute.MirroredStrategy(run.get("devices"), cross_device_ops=reduce)
+    two = tf.distribute.MirroredStrategy(devices, cross_device_ops=reduce)
+    return tf.distribute.OneDeviceStrategy(devices[0]), two
+
+
+def _trained_weights(strategy, dataset, batch_norm: str, classes: int, size: int) -> list:
+    """The small CNN (dropout 0) after one epoch of `ExactTrainer.fit` with SGD."""
+    import keras
+
+    from mdtrain.loop import ExactTrainer
+    from mdtrain.models import build_model
+
+    keras.utils.set_random_seed(0)  # the same initial weights under both strategies
     with strategy.scope():
-        augmentation = keras.Sequential(
-            [layers.RandomFlip("horizontal"), layers.RandomRotation(0.1), layers.RandomZoom(0.1)],
-            name="augmentation",
-        )
-        base = keras.applications.EfficientNetV2B0(
-            include_top=False, weights=None, input_shape=(size, size, 3)
-        )
-        base.trainable = False
-        inputs = keras.Input((size, size, 3))
-        x = augmentation(inputs)
-        x = keras.applications.efficientnet_v2.preprocess_input(x)
-        x = base(x, training=False)
-        x = layers.GlobalAveragePooling2D()(x)
-        x = layers.Dropout(0.2)(x)
-        outputs = layers.Dense(len(train_ds.class_names), activation="softmax")(x)
-        model = keras.Model(inputs, outputs)
-        model.compile(optimizer=keras.optimizers.Adam(), metrics=["accuracy"],
-                      loss="sparse_categorical_crossentropy")  # fmt: skip
-    timer = _epoch_timer()
-    history = model.fit(train_ds, epochs=run["epochs"], validation_data=val_ds, verbose=2,
-                        callbacks=[timer])  # fmt: skip
-    return model, strategy, train_ds, history, timer
+        net = build_model("small-cnn", classes, size, dropout=0.0, batch_norm=batch_norm)
+        trainer = ExactTrainer(net)
+        trainer.compile(optimizer=keras.optimizers.SGD(0.1))
+    trainer.fit(dataset, epochs=1, shuffle=False, verbose=0)
+    return net.get_weights()
 
 
-RUNNERS = {"mdtrain": mdtrain_run, "recipe": recipe_run}
+#: N ≡ 1 cases: (examples, global batch, --batch-norm, whether 2 devices must equal 1).
+NUMERICS_CASES = {
+    "empty slice (17 examples, batches of 16: last 1 + 0), exact": (17, 16, "exact", True),
+    "--batch-norm exact (31 examples: last 8 + 7)": (31, 16, "exact", True),
+    "--batch-norm synchronized (31 examples: last 8 + 7)": (31, 16, "synchronized", True),
+    "--batch-norm local (31 examples: last 8 + 7)": (31, 16, "local", False),
+}
+#: tests/test_numerics.py's bound on the largest relative weight difference, and its image
+#: size (16 px: 1x1 after the small CNN's 4 poolings). At 32 px, 2 CPU replicas differ from 1
+#: by 1.4e-3 after one step of 16 examples (8 + 8) at a learning rate of 0.1 or 0.001 alike,
+#: so not through the gradients, and by 3-7% over 17 and 31 examples (2026-12-05, reported).
+EXACT, NUMERICS_PX = 1e-4, 16
+
+
+def numerics_run(run: dict, work: str, record: dict) -> None:
+    """2 devices against 1 with TF32 off: the largest relative weight difference per case."""
+    import tensorflow as tf
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from numerics_harness import fixed_dataset, max_relative_difference
+
+    one, two = _two_strategies()
+    tf32 = tf.config.experimental.tensor_float_32_execution_enabled()
+    tf.config.experimental.enable_tensor_float_32_execution(False)
+    cases = {}
+    try:
+        for case in run["cases"]:
+            examples, batch, norm, must_equal = NUMERICS_CASES[case]
+            dataset = fixed_dataset(examples, batch, image_size=NUMERICS_PX)
+            reference = _trained_weights(one, dataset, norm, 3, NUMERICS_PX)
+            got = _trained_weights(two, dataset, norm, 3, NUMERICS_PX)
+            difference = max_relative_difference(got, reference)
+            cases[case] = {"max_relative_difference": difference, "must_equal": must_equal,
+                           "equal": difference < EXACT}  # fmt: skip
+    finally:
+        tf.config.experimental.enable_tensor_float_32_execution(tf32)
+    record.update(
+        cases=cases,
+        devices=list(two.extended.worker_devices),
+        bound=EXACT,
+        tf32="off",
+        passed=all(c["equal"] for c in cases.values() if c["must_equal"]),
+    )
+
+
+def _overflow_layer(replica: int):
+    """Multiplies replica `replica`'s logits by 30,000 (past float16's 65504): a non-finite
+    gradient on that replica only."""
+    import keras
+    import tensorflow as tf
+
+    class OverflowOn(keras.layers.Layer):
+        def call(self, logits):
+            context = tf.distribute.get_replica_context()  # None while Keras builds the model
+            if context is None:
+                return logits
+            here = tf.equal(context.replica_id_in_sync_group, replica)
+            return logits * tf.cast(tf.where(here, 3e4, 1.0), logits.dtype)
+
+    return OverflowOn()
+
+
+def overflow_run(run: dict, work: str, record: dict) -> None:
+    """float16 with loss scaling forced (an override: compute capability 8+ picks bfloat16),
+    one step with an overflow on replica 1 only: weights finite and unchanged, scale halved."""
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    from mdtrain.loop import ExactTrainer
+
+    _, two = _two_strategies()
+    dataset = tf.data.Dataset.from_tensor_slices((np.ones((4, 4), "float32"), [0, 1, 2, 0]))
+    previous = keras.mixed_precision.dtype_policy()
+    keras.mixed_precision.set_dtype_policy("mixed_float16")
+    try:
+        with two.scope():
+            inputs = keras.Input((4,))
+            logits = keras.layers.Dense(3, kernel_initializer="ones")(inputs)
+            outputs = keras.layers.Activation("softmax", dtype="float32")(
+                _overflow_layer(1)(logits)
+            )
+            net = keras.Model(inputs, outputs)
+            trainer = ExactTrainer(net)
+            trainer.compile(keras.optimizers.SGD(0.1))
+        before, scale = net.get_weights(), float(trainer.optimizer.initial_scale)
+        trainer.fit(dataset.batch(4), epochs=1, verbose=0)
+    finally:
+        keras.mixed_precision.set_dtype_policy(previous)
+    after, scale_after = net.get_weights(), float(trainer.optimizer.dynamic_scale.numpy())
+    record.update(
+        policy="mixed_float16 (forced)", compute_dtype=net.layers[1].compute_dtype,
+        devices=list(two.extended.worker_devices), overflow_on_replica=1,
+        weights_finite=all(bool(np.isfinite(w).all()) for w in after),
+        step_skipped=all(np.array_equal(a, b) for a, b in zip(after, before, strict=True)),
+        loss_scale_before=scale, loss_scale_after=scale_after,
+    )  # fmt: skip
+    record["passed"] = bool(record["weights_finite"] and record["step_skipped"]
+                            and scale_after == scale / 2)  # fmt: skip
+
+
+RUNNERS = {
+    "mdtrain": mdtrain_run,
+    "recipe": recipe_run,
+    "numerics": numerics_run,
+    "overflow": overflow_run,
+}
 
 
 def _watchdog(run_id: str, limit_s: float) -> threading.Timer:

@@ -47,8 +47,8 @@ class ImageList:
 
     def counts(self, num_classes: int) -> list[int]:
         """Number of images of each class, indexed by label."""
-        c = Counter(self.labels)
-        return [c.get(i, 0) for i in range(num_classes)]
+        per_label = Counter(self.labels)
+        return [per_label.get(label, 0) for label in range(num_classes)]
 
     def where(self, keep: list[bool]) -> ImageList:
         """The images whose entry in `keep` is true, in the same order."""
@@ -115,17 +115,17 @@ def _split_validation(images: ImageList, fraction: float, seed: int) -> tuple[Im
     """`(train, val)`: a seeded, stratified share of each class held out; sorted like `images`."""
     rng = random.Random(seed)
     by_class: dict[int, list[int]] = {}
-    for i, label in enumerate(images.labels):
-        by_class.setdefault(label, []).append(i)
-    val_idx: set[int] = set()
+    for position, label in enumerate(images.labels):
+        by_class.setdefault(label, []).append(position)
+    held_out: set[int] = set()
     for label in sorted(by_class):
-        idx = by_class[label]
+        positions = by_class[label]
         # At least one validation image, and at least one left to train on: a class
         # of one image stays in training.
-        take = min(max(round(len(idx) * fraction), 1), len(idx) - 1)
-        val_idx.update(rng.sample(idx, take))
-    in_val = [i in val_idx for i in range(len(images))]
-    return images.where([not v for v in in_val]), images.where(in_val)
+        take = min(max(round(len(positions) * fraction), 1), len(positions) - 1)
+        held_out.update(rng.sample(positions, take))
+    in_val = [position in held_out for position in range(len(images))]
+    return images.where([not held for held in in_val]), images.where(in_val)
 
 
 def cache_folder() -> Path:
@@ -154,25 +154,34 @@ def find_undecodable(files: list[str]) -> list[SkippedFile]:
         return []
     root = os.fsencode(os.path.commonpath([os.path.abspath(f) for f in files]))
     manifest = cache_folder() / "checked" / f"{hashlib.sha256(root).hexdigest()[:16]}.json"
-    try:
-        saved = json.loads(manifest.read_text())
-        known = saved["files"] if saved["version"] == _MANIFEST_VERSION else {}
-    except (OSError, ValueError, KeyError, TypeError):
-        known = {}  # none yet, or unreadable: scan again
+    known = _read_manifest(manifest)
     keys = {f: _stat_key(f) for f in files}
     todo = [f for f in files if f not in known or known[f][:2] != keys[f]]
     reasons = {f: known[f][2] for f in files if f not in todo}
     reasons.update(_scan(todo))
     if todo:
         known.update({f: [*keys[f], reasons[f]] for f in todo if keys[f] is not None})
-        # Written atomically; a manifest that cannot be written only costs a rescan next time.
-        with contextlib.suppress(OSError):
-            manifest.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=manifest.parent, suffix=".tmp")
-            with os.fdopen(fd, "w") as f:
-                json.dump({"version": _MANIFEST_VERSION, "files": known}, f)
-            os.replace(tmp, manifest)
+        _write_manifest(manifest, known)
     return [SkippedFile(f, reasons[f]) for f in files if reasons[f] is not None]
+
+
+def _read_manifest(manifest: Path) -> dict[str, list]:
+    """`{path: [size, mtime, reason or None]}` of an earlier scan; empty if none or unreadable."""
+    try:
+        saved = json.loads(manifest.read_text())
+        return saved["files"] if saved["version"] == _MANIFEST_VERSION else {}
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}  # none yet, or unreadable: scan again
+
+
+def _write_manifest(manifest: Path, known: dict[str, list]) -> None:
+    """Writes `known` atomically; a manifest that cannot be written costs a rescan next time."""
+    with contextlib.suppress(OSError):
+        manifest.parent.mkdir(parents=True, exist_ok=True)
+        descriptor, tmp = tempfile.mkstemp(dir=manifest.parent, suffix=".tmp")
+        with os.fdopen(descriptor, "w") as out:
+            json.dump({"version": _MANIFEST_VERSION, "files": known}, out)
+        os.replace(tmp, manifest)
 
 
 def _scan(files: list[str]) -> dict[str, str | None]:
@@ -187,14 +196,15 @@ def _scan(files: list[str]) -> dict[str, str | None]:
     from mdtrain.compat import without_autotuning
     from mdtrain.images import load_image
 
-    ds = tf.data.Dataset.from_tensor_slices((tf.range(len(files)), tf_paths(files)))
-    # Size 1: JPEGs of 8 px and more decode at 1/8 scale; the resize costs nothing.
-    check = lambda i, path: (i, load_image(path, 1))  # noqa: E731
-    ds = ds.map(check, num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)
-    ds = without_autotuning(ds.ignore_errors().batch(4096))
+    def decode(position, path):  # size 1: JPEGs of 8 px and more decode at 1/8 scale
+        return position, load_image(path, 1)
+
+    paths = tf.data.Dataset.from_tensor_slices((tf.range(len(files)), tf_paths(files)))
+    decoded = paths.map(decode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)
+    decoded = without_autotuning(decoded.ignore_errors().batch(4096))
     with stderr_without(LIBJPEG_NOISE):  # each bad file's reason is reported, once
-        decoded = {int(i) for batch, _ in ds for i in batch.numpy()}
-        return {f: None if i in decoded else _decode_error(f) for i, f in enumerate(files)}
+        good = {int(position) for batch, _ in decoded for position in batch.numpy()}
+        return {f: None if at in good else _decode_error(f) for at, f in enumerate(files)}
 
 
 def _decode_error(path: str) -> str:
@@ -203,14 +213,14 @@ def _decode_error(path: str) -> str:
     try:
         if os.path.getsize(path) == 0:
             return "empty file"
-    except OSError as e:
-        return f"cannot be read: {e.strerror}"
+    except OSError as error:
+        return f"cannot be read: {error.strerror}"
     if sniff_format(path) is None:
         return "not a JPEG, PNG, GIF, BMP or WebP image"
     try:
         decode_image(tf.io.read_file(os.fsencode(path)))
-    except Exception as e:  # TensorFlow raises several types; any of them means "unreadable"
-        return _one_line(str(getattr(e, "message", e))) or type(e).__name__
+    except Exception as error:  # TensorFlow raises several types; any means "unreadable"
+        return _one_line(str(getattr(error, "message", error))) or type(error).__name__
     return "could not be decoded"
 
 
@@ -303,9 +313,10 @@ class CheckReport:
         return not self.unreadable
 
     def to_dict(self) -> dict:
-        d = asdict(self)  # the skipped files become dicts too
-        d["mismatched_extension"] = d.pop("mismatched")
-        return {**d, "num_images": sum(sum(c.values()) for c in self.counts.values())}
+        fields = asdict(self)  # the skipped files become dicts too
+        fields["mismatched_extension"] = fields.pop("mismatched")
+        images = sum(sum(per_class.values()) for per_class in self.counts.values())
+        return {**fields, "num_images": images}
 
     def to_text(self) -> str:
         lines = [f"dataset {self.root}: {len(self.class_names)} classes"]
@@ -322,6 +333,16 @@ class CheckReport:
             if len(items) > 20:
                 lines.append(f"    ... and {len(items) - 20} more")
         return "\n".join(lines)
+
+
+def _mismatched_extensions(files: list[str]) -> list[SkippedFile]:
+    """The files whose content is another format than their extension says."""
+    found = []
+    for path in files:
+        claimed, actual = extension_format(path), sniff_format(path)
+        if actual is not None and actual != claimed:
+            found.append(SkippedFile(path, f"extension says {claimed}, content is {actual}"))
+    return found
 
 
 def check_dataset(data_dir: str | os.PathLike) -> CheckReport:
@@ -352,10 +373,7 @@ def check_dataset(data_dir: str | os.PathLike) -> CheckReport:
         kept, bad = drop_undecodable(images)
         unreadable += bad
         counts[split] = dict(zip(class_names, kept.counts(len(class_names)), strict=True))
-        for f in kept.files:
-            claimed, actual = extension_format(f), sniff_format(f)
-            if actual is not None and actual != claimed:
-                mismatched.append(SkippedFile(f, f"extension says {claimed}, content is {actual}"))
+        mismatched += _mismatched_extensions(kept.files)
     per_class = [sum(counts[s][n] for s in counts) for n in class_names]
     imbalance = max(per_class) / max(min(per_class), 1)
     return CheckReport(str(data_dir), class_names, counts, unreadable, mismatched, imbalance)

@@ -40,8 +40,8 @@ def image_files(folder: str | os.PathLike) -> list[str]:
 
 def sniff_format(path: str | os.PathLike) -> str | None:
     """The image format (`"jpeg"`, `"png"`, ...) a file's first 12 bytes announce, or None."""
-    with open(path, "rb") as f:
-        head = f.read(12)
+    with open(path, "rb") as file:
+        head = file.read(12)
     if head[:4] == b"RIFF" and head[8:] == b"WEBP":
         return "webp"
     for magic, name in _MAGIC:

@@ -35,62 +35,63 @@ def default_demo_dir() -> Path:
 
 
 def _shape_polygon(shape: str, cx: float, cy: float, r: float, angle: float) -> list:
+    """The corners of `shape` of radius `r` about `(cx, cy)`, turned by `angle` radians."""
     if shape == "square":
-        pts = [(0.8, 0.8), (-0.8, 0.8), (-0.8, -0.8), (0.8, -0.8)]
+        corners = [(0.8, 0.8), (-0.8, 0.8), (-0.8, -0.8), (0.8, -0.8)]
     elif shape == "triangle":
-        pts = [(math.cos(a), math.sin(a)) for a in np.linspace(0, 2 * math.pi, 4)[:3]]
+        corners = [(math.cos(a), math.sin(a)) for a in np.linspace(0, 2 * math.pi, 4)[:3]]
     elif shape == "star":  # ten corners, alternately on the unit circle and at 0.45
-        corners = zip([1.0, 0.45] * 5, np.linspace(0, 2 * math.pi, 11)[:10], strict=True)
-        pts = [(k * math.cos(a), k * math.sin(a)) for k, a in corners]
-    else:  # cross
-        w = 0.32
-        pts = [
-            (w, 1),
-            (-w, 1),
-            (-w, w),
-            (-1, w),
-            (-1, -w),
-            (-w, -w),
-            (-w, -1),
-            (w, -1),
-            (w, -w),
-            (1, -w),
-            (1, w),
-            (w, w),
-        ]
+        polar = zip([1.0, 0.45] * 5, np.linspace(0, 2 * math.pi, 11)[:10], strict=True)
+        corners = [(k * math.cos(a), k * math.sin(a)) for k, a in polar]
+    else:  # cross: arms of half-width 0.32
+        arm = 0.32
+        corners = [(arm, 1), (-arm, 1), (-arm, arm), (-1, arm), (-1, -arm), (-arm, -arm),
+                   (-arm, -1), (arm, -1), (arm, -arm), (1, -arm), (1, arm), (arm, arm)]  # fmt: skip
     c, s = math.cos(angle), math.sin(angle)
-    return [(cx + r * (c * x - s * y), cy + r * (s * x + c * y)) for x, y in pts]
+    return [(cx + r * (c * x - s * y), cy + r * (s * x + c * y)) for x, y in corners]
+
+
+def _clutter(rng: np.random.Generator, size: int) -> tuple[Image.Image, bool]:
+    """A noisy vertical gradient with sides ±25% around `size`, and whether it is light."""
+    width, height = (int(size * factor) for factor in rng.uniform(0.75, 1.25, 2))
+    top, bottom = rng.uniform(0, 255, 3), rng.uniform(0, 255, 3)
+    blend = np.linspace(0, 1, height)[:, None, None]
+    pixels = (1 - blend) * top + blend * bottom + rng.normal(0, 10, (height, width, 3))
+    image = Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8))
+    return image, ((top + bottom) / 2).mean() > 127
+
+
+def _draw_distractors(draw: ImageDraw.ImageDraw, rng: np.random.Generator, width, height) -> None:
+    """Up to two distractors of random colour: lines and hollow ellipses."""
+    for _ in range(rng.integers(0, 3)):
+        x0, y0, x1, y1 = rng.uniform(0, [width, height, width, height])
+        colour = tuple(int(v) for v in rng.integers(0, 256, 3))
+        if rng.random() < 0.5:
+            draw.line([(x0, y0), (x1, y1)], fill=colour, width=int(rng.integers(1, 3)))
+        else:
+            box = [min(x0, x1), min(y0, y1), max(x0, x1), max(y0, y1)]
+            draw.ellipse(box, outline=colour, width=2)
 
 
 def _draw_shape_image(shape: str, rng: np.random.Generator, size: int) -> Image.Image:
     """One demo image: a shape of random colour, size, angle and place on clutter."""
     # A noisy gradient, outlined distractors, sides ±25% around `size`: a few epochs to learn.
-    w, h = (int(size * f) for f in rng.uniform(0.75, 1.25, 2))
-    top, bottom = rng.uniform(0, 255, 3), rng.uniform(0, 255, 3)
-    t = np.linspace(0, 1, h)[:, None, None]
-    bg = (1 - t) * top + t * bottom + rng.normal(0, 10, (h, w, 3))
-    img = Image.fromarray(np.clip(bg, 0, 255).astype(np.uint8))
-    draw = ImageDraw.Draw(img)
-    for _ in range(rng.integers(0, 3)):  # up to two distractors: lines, hollow ellipses
-        x0, y0, x1, y1 = rng.uniform(0, [w, h, w, h])
-        col = tuple(int(v) for v in rng.integers(0, 256, 3))
-        if rng.random() < 0.5:
-            draw.line([(x0, y0), (x1, y1)], fill=col, width=int(rng.integers(1, 3)))
-        else:
-            draw.ellipse([min(x0, x1), min(y0, y1), max(x0, x1), max(y0, y1)], outline=col, width=2)
-    r = min(w, h) * rng.uniform(0.22, 0.40)
-    cx, cy = rng.uniform(0.25, 0.75) * w, rng.uniform(0.25, 0.75) * h
+    image, light_background = _clutter(rng, size)
+    width, height = image.size
+    draw = ImageDraw.Draw(image)
+    _draw_distractors(draw, rng, width, height)
+    radius = min(width, height) * rng.uniform(0.22, 0.40)
+    cx, cy = rng.uniform(0.25, 0.75) * width, rng.uniform(0.25, 0.75) * height
     # Any hue, but clearly darker or lighter than the background behind it:
     # shape, not contrast, is what the classes differ in.
-    light_background = ((top + bottom) / 2).mean() > 127
-    colour = tuple(
-        int(v) for v in (rng.integers(0, 90, 3) if light_background else rng.integers(165, 256, 3))
-    )
+    shade = rng.integers(0, 90, 3) if light_background else rng.integers(165, 256, 3)
+    colour = tuple(int(v) for v in shade)
     if shape == "circle":
-        draw.ellipse([cx - r, cy - r, cx + r, cy + r], fill=colour)
+        draw.ellipse([cx - radius, cy - radius, cx + radius, cy + radius], fill=colour)
     else:
-        draw.polygon(_shape_polygon(shape, cx, cy, r, rng.uniform(0, 2 * math.pi)), fill=colour)
-    return img.filter(ImageFilter.GaussianBlur(rng.uniform(0, 1.2)))
+        corners = _shape_polygon(shape, cx, cy, radius, rng.uniform(0, 2 * math.pi))
+        draw.polygon(corners, fill=colour)
+    return image.filter(ImageFilter.GaussianBlur(rng.uniform(0, 1.2)))
 
 
 def _write_atomically(out: Path, build) -> Path:
@@ -100,8 +101,10 @@ def _write_atomically(out: Path, build) -> Path:
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
-    except OSError as e:  # a parent that is a file, a read-only folder, ...
-        raise UsageError(f"{out}: cannot create it ({e.strerror}); choose another folder") from None
+    except OSError as error:  # a parent that is a file, a read-only folder, ...
+        raise UsageError(
+            f"{out}: cannot create it ({error.strerror}); choose another folder"
+        ) from None
     try:
         build(tmp)
         os.rename(tmp, out)
@@ -157,14 +160,14 @@ def make_synthetic_dataset(
     )
 
     def build(tmp: Path) -> None:
-        for split, n, offset in (("train", per_class, 0), ("val", max(per_class // 5, 1), 1)):
+        for split, count, offset in (("train", per_class, 0), ("val", max(per_class // 5, 1), 1)):
             for label, shape in enumerate(SHAPES[:classes]):
                 folder = tmp / split / shape
                 folder.mkdir(parents=True)
-                for i in range(n):
-                    rng = np.random.default_rng([seed, offset, label, i])
-                    img = _draw_shape_image(shape, rng, image_size)
-                    img.save(folder / f"{shape}_{i:05d}.jpg", quality=90)
+                for index in range(count):
+                    rng = np.random.default_rng([seed, offset, label, index])
+                    image = _draw_shape_image(shape, rng, image_size)
+                    image.save(folder / f"{shape}_{index:05d}.jpg", quality=90)
         (tmp / _MARKER).write_text(json.dumps(params))
 
     return _write_atomically(Path(out), build)
@@ -211,17 +214,16 @@ def write_digits_dataset(out: str | os.PathLike) -> Path:
 
     def build(tmp: Path) -> None:
         for label in range(10):
-            idx = np.flatnonzero(digits.target == label)
-            rng.shuffle(idx)
-            n_val = round(len(idx) * 0.2)
-            for split, part in (("val", idx[:n_val]), ("train", idx[n_val:])):
+            indices = np.flatnonzero(digits.target == label)
+            rng.shuffle(indices)
+            num_val = round(len(indices) * 0.2)
+            for split, part in (("val", indices[:num_val]), ("train", indices[num_val:])):
                 folder = tmp / split / str(label)
                 folder.mkdir(parents=True)
-                for i in sorted(part):
-                    pixels = (digits.images[i] * (255 / 16)).astype(np.uint8)
-                    img = Image.fromarray(pixels, "L")
-                    img = img.resize((32, 32), Image.Resampling.BICUBIC)
-                    img.save(folder / f"digit_{i:04d}.png")
+                for index in sorted(part):
+                    pixels = (digits.images[index] * (255 / 16)).astype(np.uint8)
+                    image = Image.fromarray(pixels, "L").resize((32, 32), Image.Resampling.BICUBIC)
+                    image.save(folder / f"digit_{index:04d}.png")
         (tmp / _MARKER).write_text(json.dumps({"kind": "digits", "scale": 4, "seed": 0}))
 
     return _write_atomically(Path(out), build)
@@ -235,10 +237,10 @@ def download_flowers(cache_dir: str | os.PathLike = "data") -> Path:
         path = keras.utils.get_file(
             "flower_photos", origin=FLOWERS_URL, untar=True, cache_dir=os.path.abspath(cache_dir)
         )
-    except Exception as e:  # urllib raises several types; all mean "could not fetch"
+    except Exception as error:  # urllib raises several types; all mean "could not fetch"
         raise UsageError(
-            f"could not download the flowers dataset from {FLOWERS_URL} ({type(e).__name__}: "
-            f"{str(e).splitlines()[0] if str(e) else ''}); without network, use "
+            f"could not download the flowers dataset from {FLOWERS_URL} ({type(error).__name__}: "
+            f"{str(error).splitlines()[0] if str(error) else ''}); without network, use "
             "`mdtrain data synth` or `mdtrain data digits`"
         ) from None
     path = Path(path)

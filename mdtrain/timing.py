@@ -15,11 +15,11 @@ def _time_epoch(pipeline: Pipeline, batches: int | None, step: Callable | None) 
     """Images per second of one pass over a fresh iterator (making it is not timed)."""
     iterator = iter(pipeline if isinstance(pipeline, Iterable) else pipeline())
     begin, images = time.perf_counter(), 0
-    for i, batch in enumerate(iterator):
+    for count, batch in enumerate(iterator, start=1):
         images += len(batch[0] if isinstance(batch, (tuple, list)) else batch)
         if step is not None:
             step(batch)
-        if batches is not None and i + 1 >= batches:
+        if batches is not None and count >= batches:
             break
     seconds = time.perf_counter() - begin
     # Dropped before the next pipeline is timed, so none keeps working in the background.
@@ -28,6 +28,14 @@ def _time_epoch(pipeline: Pipeline, batches: int | None, step: Callable | None) 
     if images == 0:
         raise ValueError("a pipeline gave no batches")
     return images / seconds
+
+
+def _warm_up(pipeline: Pipeline, own, batches: int | None, step: Callable | None) -> None:
+    """An untimed epoch of `pipeline` (`own` True), of `own` (an iterable), or `own()`."""
+    if own is True or isinstance(own, Iterable):
+        _time_epoch(pipeline if own is True else own, batches, step)
+    elif callable(own):
+        own()
 
 
 def time_epochs(
@@ -94,19 +102,15 @@ def time_epochs(
     rates: dict[str, list[float]] = {name: [] for name in pipelines}
     for _ in range(repeats):
         for name, pipeline in pipelines.items():
-            if not rates[name]:  # right before its first timing: its own epoch, or another's
-                own = warmups[name]
-                if own is True or isinstance(own, Iterable):
-                    _time_epoch(pipeline if own is True else own, batches, step)
-                elif callable(own):
-                    own()
+            if not rates[name]:  # right before its first timing
+                _warm_up(pipeline, warmups[name], batches, step)
             rates[name].append(_time_epoch(pipeline, batches, step))
     return {
         name: {
             "median": statistics.median(runs),
             "min": min(runs),
             "max": max(runs),
-            "runs": [round(r, 1) for r in runs],
+            "runs": [round(rate, 1) for rate in runs],
         }
         for name, runs in rates.items()
     }

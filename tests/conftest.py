@@ -2,8 +2,11 @@
 
 Two tiers, one suite:
 
-- `MDTRAIN_SMOKE=1 pytest` (the README's command) runs everything: unit and
-  integration tests, the wheel, the browser test and every notebook.
+- `MDTRAIN_SMOKE=1 pytest -n 2 --dist loadfile` (the README's command) runs
+  everything: unit and integration tests, the wheel, the browser test and every
+  notebook, in two pytest-xdist workers. `--dist loadfile` keeps a module, and
+  so its module-scoped fixtures, in one worker, and a notebook's cells with
+  their kernel; workers that split them are refused in one line.
 - `pytest -m fast` runs the fast tier in a few minutes: every test not marked
   `slow`, `browser`, `gpu` or `notebooks`, from the test modules that import
   without TensorFlow. While the fast tier is collected, `import tensorflow`
@@ -13,9 +16,9 @@ Two tiers, one suite:
   new module joins the tier it imports for. Tests of the fast tier may still
   use TensorFlow inside the test. `tests/test_tiers.py` checks both.
 
-The test process gets 4 virtual CPU devices the moment anything imports
-TensorFlow (a test, a fixture, a test module, mdtrain itself), before any
-TensorFlow work, so any test can build a `cpu:2` or `cpu:4` MirroredStrategy
+Each test process (each xdist worker) gets 4 virtual CPU devices the moment
+anything imports TensorFlow (a test, a fixture, a test module, mdtrain
+itself), before any TensorFlow work, so any test can build a `cpu:2` or `cpu:4` MirroredStrategy
 in this process, whatever ran before it. A session that never imports
 TensorFlow never pays for it.
 """
@@ -140,6 +143,12 @@ def selects_only_fast(markexpr: str) -> bool:
 
 
 def pytest_configure(config):
+    distribution = config.getoption("dist", "no")  # pytest-xdist's --dist, once -n set it
+    if distribution not in ("no", "loadfile"):
+        raise pytest.UsageError(
+            f"--dist {distribution} splits a notebook's cells between workers: "
+            "run the workers with --dist loadfile"
+        )
     config.stash[FAST_TIER] = selects_only_fast(config.option.markexpr)
     finder = _TensorFlowImport()
     if "tensorflow" not in sys.modules:  # imported by a plugin: too late to watch it
@@ -187,6 +196,21 @@ def pytest_make_collect_report(collector):
         report.outcome, report.longrepr, report.result = "passed", None, []
         collector.config.stash.setdefault(_LEFT_OUT, []).append(str(report.nodeid))
     return report
+
+
+def pytest_sessionfinish(session):
+    worker_output = getattr(session.config, "workeroutput", None)
+    if worker_output is not None:  # a pytest-xdist worker: the controller writes the summary
+        worker_output["left_out"] = session.config.stash.get(_LEFT_OUT, [])
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    """Under pytest-xdist each worker collects; the controller gathers what they left out."""
+    left_out = node.config.stash.setdefault(_LEFT_OUT, [])
+    for nodeid in getattr(node, "workeroutput", {}).get("left_out", []):
+        if nodeid not in left_out:
+            left_out.append(nodeid)
 
 
 def pytest_terminal_summary(terminalreporter, config):

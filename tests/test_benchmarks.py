@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 import itertools
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -196,31 +197,45 @@ def test_train_benchmark_rejects_bad_arguments(data):
         train.train_benchmark(data, steps=0)
 
 
-def test_step_overhead_ratios_are_taken_round_by_round_and_failures_kept():
-    runs = {  # [whole call steps/s, CPU ms per step, steady-state steps/s] per round
-        "keras_fit": [[100.0, 4.0, 110.0], [200.0, 3.0, 220.0], [150.0, 5.0, 100.0]],
-        "keras_fit_spe16": ["InvalidArgumentError: You must feed a value"] * 3,
-        "exact_fit_spe16": [[250.0, 2.0, 330.0], [300.0, 2.5, 440.0], [450.0, 1.0, 400.0]],
-        "before/keras_fit": [[100.0, 4.0, 100.0]] * 3,
-        "before/exact_fit": [[50.0, 8.0, 50.0], [60.0, 8.0, 70.0], [40.0, 9.0, 30.0]],
-    }
+def test_step_overhead_ratios_are_taken_call_by_call_and_failures_kept():
+    runs = {  # [whole call steps/s, CPU ms per step, steady-state steps/s] per call
+        "default/finite/keras_fit": [[100.0, 4.0, 110.0], [200.0, 3.0, 220.0],
+                                     [150.0, 5.0, 100.0]],
+        "default/finite/keras_fit_spe16": ["InvalidArgumentError: You must feed a value"],
+        "default/finite/exact_fit_spe16": [[250.0, 2.0, 330.0], [300.0, 2.5, 440.0],
+                                           [450.0, 1.0, 400.0]],
+        "before/default/finite/keras_fit": [[100.0, 4.0, 100.0]] * 3,
+        "before/default/finite/exact_fit": [[50.0, 8.0, 50.0], [60.0, 8.0, 70.0],
+                                            [40.0, 9.0, 30.0]],
+    }  # fmt: skip
     summary = step_overhead._summary(runs)
-    assert summary["keras_fit_spe16"] == {"error": "InvalidArgumentError: You must feed a value"}
-    spe = summary["exact_fit_spe16"]
-    assert spe["steps_per_sec"] == 300.0 and spe["spread"] == [250.0, 450.0]
+    assert summary["default/finite/keras_fit_spe16"] == {
+        "error": "InvalidArgumentError: You must feed a value"
+    }
+    spe = summary["default/finite/exact_fit_spe16"]
+    assert spe["calls"] == 3 and spe["steps_per_sec"] == 300.0 and spe["spread"] == [250.0, 450.0]
     assert spe["vs_keras_fit"] == 2.5 and spe["vs_keras_fit_spread"] == [1.5, 3.0]
     assert spe["steady_steps_per_sec"] == 400.0 and spe["steady_spread"] == [330.0, 440.0]
     assert spe["steady_vs_keras_fit"] == 3.0 and spe["steady_vs_keras_fit_spread"] == [2.0, 4.0]
     assert spe["cpu_ms_per_step"] == 2.0
-    assert summary["before/exact_fit"]["vs_keras_fit"] == 0.5  # against its own round's Keras
-    assert summary["before/exact_fit"]["steady_vs_keras_fit"] == 0.5
+    low, high = spe["quartiles"]
+    assert 250.0 <= low <= 300.0 <= high <= 450.0
+    before = summary["before/default/finite/exact_fit"]
+    assert before["vs_keras_fit"] == 0.5  # against its own process's Keras, call by call
+    assert before["steady_vs_keras_fit"] == 0.5
 
 
-@pytest.mark.parametrize("args", [["--steps", "0"], ["--repeats", "-1"]])
-def test_step_overhead_rejects_bad_arguments(args):
+@pytest.mark.parametrize(
+    "args, fragment",
+    [(["--steps", "0"], "must be a positive integer"),
+     (["--calls", "-1"], "must be a positive integer"),
+     (["--settings", "default,fast"], "--settings fast: choose from"),
+     (["--variants", "exact_fit"], "must hold keras_fit")],
+)  # fmt: skip
+def test_step_overhead_rejects_bad_arguments(args, fragment):
     from mdtrain.errors import UsageError
 
-    with pytest.raises(UsageError, match="must be a positive integer"):
+    with pytest.raises(UsageError, match=fragment):
         step_overhead.main(args)
 
 
@@ -285,3 +300,34 @@ def test_train_benchmark_reports_ratio_verdict_and_replicas(data, tmp_path):
     saved = json.loads((tmp_path / "t.json").read_text())
     assert saved["vs_keras_fit"]["ratios"] == versus["ratios"]  # what the README quotes
     assert (tmp_path / "t.png").exists()
+
+
+@pytest.mark.slow
+def test_the_gpu_check_runs_every_section_on_cpu_replicas_correctness_first(tmp_path):
+    # `benchmarks/gpu.py --dry-run-on-cpu`: every section's code path on 2 CPU replicas with
+    # tiny sizes, one run per section where a section has several alike (CI: 2 cores, no GPU).
+    proc = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "gpu.py"), "--dry-run-on-cpu", "--out", str(tmp_path),
+         "--budget-s", "900", "--json"],
+        capture_output=True, text=True, timeout=1200, cwd=BENCHMARKS.parent,
+        env={**os.environ, "PYTHONPATH": str(BENCHMARKS.parent)},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    written = json.loads((tmp_path / "gpu.json").read_text())
+    assert json.loads(proc.stdout.splitlines()[-1])["sections"] == written["sections"]
+    status = {sid: section["status"] for sid, section in written["sections"].items()}
+    assert status == dict.fromkeys("abnscedipgfh", "ok"), written["sections"]
+    assert len(written["source"]["commit"]) == 40 and "dirty" in written["source"]
+    cases = written["runs"]["n.cases"]["cases"]
+    assert all(isinstance(case["max_relative_difference"], float) for case in cases.values())
+    assert all(case["equal"] for case in cases.values() if case["must_equal"])
+    overflow = written["runs"]["s.overflow"]
+    assert overflow["weights_finite"] and overflow["step_skipped"]
+    assert overflow["loss_scale_after"] == overflow["loss_scale_before"] / 2
+    assert written["runs"]["c.default"]["empty_replica"]
+    assert written["pytest"]["counts"] == {"skipped": 4}  # no GPU: every gpu test skips
+    for rid in ("g.recipe", "g.mdtrain"):  # both sides timed by the same epoch timer
+        assert written["runs"][rid]["images_per_sec"] > 0
+        assert 0 <= written["runs"][rid]["val_accuracy"] <= 1
+    assert "2 virtual CPU devices" in written["labels"]["f.all"]
+    assert list(written["sections"]) == list("abnscedipgfh")  # correctness first

@@ -1,9 +1,10 @@
 """The GPU check (`benchmarks/gpu.py`) and what a real GPU must do.
 
 - Here, without a GPU: the check says so in one line and exits 0; its plan
-  leaves a replica empty and skips the less valuable sections first; a worker
-  that dies costs its run only; and the whole check runs on CPU replicas
-  (`--dry-run-on-cpu`, slow).
+  leaves a replica empty, runs correctness first and labels a split card's
+  figures; figures that miss their bound fail their section; a worker
+  that dies costs its run only (`tests/test_benchmarks.py` runs the whole check
+  on CPU replicas, `--dry-run-on-cpu`).
 - `gpu`-marked, where NVML sees an NVIDIA GPU (skipped elsewhere): TensorFlow
   lists it; two logical GPUs train exactly like one with TF32 off (an empty
   replica slice included); mixed precision is bfloat16 from compute capability
@@ -73,19 +74,57 @@ def test_the_small_dataset_ends_with_a_batch_that_leaves_a_replica_empty(replica
     assert 0 < last < replicas and 2 <= classes <= 5 and classes * per_class >= 2000
 
 
-def test_less_valuable_runs_give_way_to_more_valuable_ones_that_come_later():
-    _, groups = gpu.make_plan(gpu.GPU_SIZES, 2, Path("/tmp/x"), dry_run=False)
+def test_correctness_runs_first_and_every_two_device_figure_names_its_layout():
+    _, groups = gpu.make_plan(gpu.GPU_SIZES, 2, Path("/tmp/x"), dry_run=False, two=gpu.SPLIT_LABEL)
+    order = [r.section for g in groups for r in g.runs]
+    assert order == sorted(order, key=list(gpu.SECTIONS).index)  # run in the order of value
+    assert order.index("n") < order.index("s") < order.index("c") < order.index("g")
+    assert [g.name for g in groups] == ["probe", "correctness", "throughput"]
+    labels = {r.id: r.label for g in groups for r in g.runs}
+    for rid in ("n.cases", "s.overflow", "g.recipe", "g.mdtrain", "f.all"):
+        assert gpu.SPLIT_LABEL in labels[rid], rid
+    assert {f"e.{norm}" for norm in gpu.BATCH_NORMS} <= set(labels)
     gpu.set_deadlines(groups, end=1000.0, start_s=20.0)
-    runs = {r.id: r for g in groups for r in g.runs}
-    sizes = gpu.GPU_SIZES.estimate_s
-    # c is worth more than g (after it): it may use the whole budget
-    assert runs["c.default"].deadline == 1000.0
-    # f is worth less than g, which runs in the next worker: g's two runs are kept free
-    assert runs["f.one"].deadline == 1000.0 - 20.0 - sizes["recipe"] - sizes["b0"]
-    # d and i come after g and e
-    assert runs["d.pipeline"].deadline == runs["f.one"].deadline - 3 * sizes["lite0"]
-    assert runs["i.small-cnn"].deadline == runs["d.pipeline"].deadline
-    assert all(r.deadline == 1000.0 for r in groups[-1].runs)  # nothing after the last worker
+    assert all(r.deadline == 1000.0 for g in groups for r in g.runs)  # nothing held back
+
+
+def test_a_less_valuable_run_gives_way_to_a_more_valuable_one_in_a_later_worker():
+    early = gpu.Group("early", [gpu.Run("f.one", "f", "", "mdtrain", 25.0)])
+    late = gpu.Group("late", [gpu.Run("n.cases", "n", "", "numerics", 45.0)])
+    gpu.set_deadlines([early, late], end=1000.0, start_s=20.0)
+    assert early.runs[0].deadline == 1000.0 - 20.0 - 45.0
+    assert late.runs[0].deadline == 1000.0
+
+
+def test_figures_that_miss_their_bound_or_compare_sides_at_chance_fail_their_section():
+    report = {"dry_run": False}
+    above = [{"id": "n.cases", "status": "ok", "passed": False}]
+    assert gpu._judge("n", above, report) == ("failed", "n.cases: the figures miss their bound")
+    flat = [{"id": "g.recipe", "status": "ok", "val_accuracy": 0.21, "classes": 5},
+            {"id": "g.mdtrain", "status": "ok", "val_accuracy": 0.9, "classes": 5}]  # fmt: skip
+    status, error = gpu._judge("g", flat, report)
+    assert status == "failed" and error.startswith("g.recipe: at chance")
+    assert gpu._judge("g", flat, {"dry_run": True}) == ("ok", None)  # tiny data: not judged
+    flat[0]["val_accuracy"] = 0.8
+    assert gpu._judge("g", flat, report) == ("ok", None)
+
+
+def test_pytest_outcomes_are_read_test_by_test(tmp_path):
+    xml = tmp_path / "report.xml"
+    xml.write_text(
+        '<testsuites><testsuite name="pytest">'
+        '<testcase classname="tests.test_gpu" name="test_a" time="1.5"/>'
+        '<testcase classname="tests.test_gpu" name="test_b" time="2.0">'
+        '<failure message="assert 0.002 &lt; 0.0001">long text</failure></testcase>'
+        '<testcase classname="tests.test_gpu" name="test_c" time="0">'
+        '<skipped message="no NVIDIA GPU"/></testcase>'
+        "</testsuite></testsuites>"
+    )
+    cases = gpu._junit_cases(xml)
+    assert [(c["test"], c["outcome"]) for c in cases] == [
+        ("test_a", "passed"), ("test_b", "failed"), ("test_c", "skipped")
+    ]  # fmt: skip
+    assert cases[1]["message"] == "assert 0.002 < 0.0001" and cases[0]["seconds"] == 1.5
 
 
 def test_a_worker_that_dies_costs_only_the_run_it_was_in(monkeypatch, tmp_path):
@@ -199,34 +238,6 @@ def test_a_section_is_partial_when_the_budget_cut_some_of_its_runs():
 
 
 @pytest.mark.slow
-def test_the_check_runs_its_sections_on_cpu_replicas(tmp_path):
-    # The probe (a, b), the small CNN with an empty replica (c) and NVML beside nvidia-smi (h);
-    # the EfficientNet sections take minutes on two CPU cores (run them with --sections).
-    proc = subprocess.run(
-        [sys.executable, str(BENCHMARKS / "gpu.py"), "--dry-run-on-cpu", "--sections", "abch",
-         "--out", str(tmp_path), "--json"],
-        capture_output=True, text=True, timeout=600, env=_env(), cwd=REPO,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    written = json.loads((tmp_path / "gpu.json").read_text())
-    assert json.loads(proc.stdout.splitlines()[-1])["sections"] == written["sections"]
-    assert (tmp_path / "gpu.png").stat().st_size > 0
-    status = {sid: s["status"] for sid, s in written["sections"].items()}
-    assert status == {**dict.fromkeys("gfedi", "skipped"), **dict.fromkeys("abch", "ok")}
-    default, mixed = written["runs"]["c.default"], written["runs"]["c.mixed"]
-    for run in (default, mixed):
-        assert run["empty_replica"] and run["replicas"] == 2 and run["weights_finite"]
-        assert run["images_per_sec"] > 0 and 0 <= run["val_accuracy"] <= 1
-    assert (mixed.get("precision") or mixed["model_dtype_policy"]) == "mixed_bfloat16"
-    assert list(gpu._bars(written)) == [  # the chart's bars
-        "c: mdtrain train (2 replicas)",
-        "c: --mixed-precision (2 replicas)",
-    ]
-    assert written["probe"]["checks"]["xla_zero_size"]["shape"] == [0, 8, 8, 3]
-    assert "c mdtrain train default" in proc.stdout  # the verdict table
-
-
-@pytest.mark.slow
 def test_a_gpu_that_tensorflow_cannot_use_is_reported_section_by_section(monkeypatch, tmp_path):
     # NVML sees an H100 but TensorFlow lists no GPU (CUDA libraries it cannot load): every
     # section says so, the report and chart are still written, and nothing trains on the CPU.
@@ -235,7 +246,7 @@ def test_a_gpu_that_tensorflow_cannot_use_is_reported_section_by_section(monkeyp
     monkeypatch.setattr(gpu, "nvml_info", lambda: {"count": 1, "driver": "580", "gpus": [h100]})
     monkeypatch.setattr(gpu, "smi_info", lambda: {"error": "not found"})
     monkeypatch.setattr(gpu, "GPU_SIZES", gpu.DRY_SIZES)  # tiny datasets
-    args = types.SimpleNamespace(budget_s=600.0, dry_run_on_cpu=False, sections="abcdh",
+    args = types.SimpleNamespace(budget_s=600.0, dry_run_on_cpu=False, sections="abnscdfh",
                                  work=None, out=tmp_path)  # fmt: skip
     report = gpu.check(args)
     assert (tmp_path / "gpu.json").exists() and (tmp_path / "gpu.png").exists()
@@ -244,7 +255,7 @@ def test_a_gpu_that_tensorflow_cannot_use_is_reported_section_by_section(monkeyp
     assert sections["a"]["status"] == "failed"
     assert "lists 0 GPU(s)" in sections["a"]["key"]
     assert "TensorFlow lists no GPU" in sections["a"]["error"]
-    for sid in "cd":
+    for sid in "nscdf":
         assert sections[sid]["status"] == "skipped", sections[sid]
         assert "TensorFlow lists no GPU" in sections[sid]["error"]
     assert sections["h"]["status"] == "failed"  # no reading from either side

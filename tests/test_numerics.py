@@ -5,14 +5,17 @@ EfficientNet-Lite0, train it from scratch in float64 (in float32 its ReLU6
 kinks turn rounding into differences as large as reordering a batch gives), and
 train EfficientNetV2's head on its frozen, random base;
 the baselines (Keras' own loss scaling, the naive global-batch division) train
-a CNN without normalization, so that only the loss scale
-differs. The exact cases run in ONE subprocess (`_SCRIPT`, with `cpu:4`), the
-baselines in another (`_BASELINES`), once with TensorFlow's oneDNN CPU kernels
-and once without (`TF_ENABLE_ONEDNN_OPTS=0`): plain Keras code never gets an
-empty replica slice there, which oneDNN fails on, on AVX-512 CPUs only
-(tensorflow/tensorflow#112639). Each prints its measurements as JSON; the
-tests below assert on them. Tiny images, one or two epochs: the point is the
-arithmetic. The experiment itself is `tests/numerics_harness.py`.
+a CNN without normalization, so that only the loss scale differs. Everything
+runs in two subprocesses with `cpu:4`: `_SCRIPT`, the exact cases then the
+baselines with TensorFlow's oneDNN CPU kernels, and `_BASELINES_ONLY`, the
+baselines without them (`TF_ENABLE_ONEDNN_OPTS=0`): plain Keras code never gets
+an empty replica slice there, which oneDNN fails on, on AVX-512 CPUs only
+(tensorflow/tensorflow#112639). Each configuration trains once, and every check
+that compares against it reads the same weights (a TensorFlow start-up and a
+trace cost more than the arithmetic checked). Each script prints its
+measurements as JSON; the tests below assert on them. Tiny images, one or two
+epochs: the point is the arithmetic. The experiment itself is
+`tests/numerics_harness.py`.
 """
 
 from __future__ import annotations
@@ -21,7 +24,6 @@ import json
 import os
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -32,113 +34,102 @@ TESTS = Path(__file__).resolve().parent
 EXACT = 1e-4  # float32 rounding of a different summation order stays far below this
 WRONG = 1e-3  # a wrong loss scale moves the weights far more than this
 
-_SCRIPT = textwrap.dedent(
-    """
-    import json, sys
-    sys.path.insert(0, sys.argv[1])  # tests/, for the harness
-    from mdtrain.distribute import BatchGeometry, configure_devices
-    configure_devices("cpu:4")
-    import numerics_harness as nm
+# Both scripts start alike: 4 virtual CPUs, then side-by-side strategies over 1, 2 and 4 of them.
+_SETUP = """
+import json, sys
+sys.path.insert(0, sys.argv[1])  # tests/, for the harness
+from mdtrain.distribute import BatchGeometry, configure_devices
+configure_devices("cpu:4")
+import numerics_harness as nm
 
-    strategies = nm.side_by_side_strategies((1, 2, 4))
-    out = {"shapes": {}, "runs": {}}
-    for n, gb, r in ((31, 16, 4), (5, 16, 4), (31, 16, 2), (12, 8, 4)):
-        sizes = nm.per_replica_batch_sizes(strategies[r], nm.fixed_dataset(n, gb))
-        geometry = BatchGeometry(n, gb, r)
-        expected = [geometry.split(gb)] * (geometry.steps - 1)
-        expected.append(geometry.split(geometry.last_batch_size))
-        out["shapes"][f"{n}/{gb}/{r}"] = [sizes, expected]
+strategies = nm.side_by_side_strategies((1, 2, 4))
+datasets = {"31/16": nm.fixed_dataset(31, 16), "5/16": nm.fixed_dataset(5, 16),
+            "7/16": nm.fixed_dataset(7, 16), "75/16": nm.fixed_dataset(75, 16),
+            "lite": nm.fixed_dataset(23, 8, image_size=32)}
+out = {"shapes": {}, "runs": {}}
+trained = {}
 
-    def runs(name, dataset, cases, floor=1e-12, spe=1, **kwargs):  # the reference: 1 step a call
-        ref = nm.train_weights(strategies[1], dataset, **kwargs)
-        for replicas, loss, loop in cases:
-            try:
-                strategy = strategies[replicas]
-                got = nm.train_weights(strategy, dataset, loss=loss, loop=loop,
-                                       steps_per_execution=spe, **kwargs)
-                result = [nm.max_relative_difference(got, ref, floor), None]
-            except Exception as error:
-                result = [None, f"{type(error).__name__}: {str(error)[:300]}"]
-            out["runs"][f"{name} {replicas} {loss} {loop}"] = result
+def weights(replicas, data, loss="exact", loop="fit", spe=1, **kwargs):
+    # One training per configuration: several checks compare against the same run.
+    key = repr((replicas, data, loss, loop, spe, sorted(kwargs.items())))
+    if key not in trained:
+        trained[key] = nm.train_weights(strategies[replicas], datasets[data], loss=loss,
+                                        loop=loop, steps_per_execution=spe, **kwargs)
+    return trained[key]
 
-    # The model people train: small-cnn, whose batch normalization is exact too.
-    runs("partial", nm.fixed_dataset(31, 16), [
-        (2, "exact", "fit"), (4, "exact", "fit"), (4, "exact", "custom"),
-    ], epochs=1, model="small-cnn")
-    runs("small", nm.fixed_dataset(5, 16), [(4, "exact", "custom"), (4, "exact", "fit")],
-         epochs=2, model="small-cnn")
-    # 3 steps per call over epochs of 5 (the last batch 11 = 3+3+3+2): calls of 3 and 2 steps,
-    # against 1 step per call on the same replicas: the same steps, bit for bit. (Against one
-    # replica, 10 steps let float32 rounding grow to ~1e-4 in a conv kernel, spe 1 or 3 alike.)
-    five = nm.fixed_dataset(75, 16)
-    for replicas, loop in ((4, "fit"), (4, "custom"), (1, "fit")):
-        one, three = (nm.train_weights(strategies[replicas], five, loop=loop, epochs=2,
-                                       model="small-cnn", steps_per_execution=spe)
-                      for spe in (1, 3))
-        out["runs"][f"spe3 {replicas} exact {loop}"] = [nm.max_relative_difference(three, one),
-                                                        None]
-    # 5 examples (2/2/1/0), one step: a call that ends with the data.
-    runs("spe3-small", nm.fixed_dataset(5, 16), [(4, "exact", "fit"), (4, "exact", "custom")],
-         epochs=2, model="small-cnn", spe=3)
-    runs("weighted", nm.fixed_dataset(31, 16), [(2, "exact", "custom")],
-         epochs=1, class_weights=[0.5, 1.0, 3.0], model="small-cnn")
-    # EfficientNet-Lite0: fine-tuning a pretrained base (its BatchNorm in inference mode).
-    lite = nm.fixed_dataset(23, 8, image_size=32)
-    runs("lite0-fine-tune", lite, [(2, "exact", "fit")], epochs=1, model="efficientnet-lite0",
-         weights="imagenet", fine_tune=True, learning_rate=0.01)
-    # Lite0 from scratch, in float64: float32 rounding decides which side of ReLU6's kink
-    # a near-zero input lands on (one device with reordered batches differs by ~2), so the
-    # rule itself is shown in float64; tensors below 1e-6 are zero in exact arithmetic.
-    runs("lite0-scratch-f64", lite, [(2, "exact", "fit")], epochs=1, dtype="float64",
-         model="efficientnet-lite0", learning_rate=0.01, floor=1e-6)
-    # EfficientNetV2 from random weights: only its head trains, on a frozen base.
-    runs("v2-scratch", lite, [(2, "exact", "fit")], epochs=1, model="efficientnetv2-b0",
-         learning_rate=0.01)
-    # fit and the custom loop must run the very same computation, bit for bit.
-    partial = nm.fixed_dataset(31, 16)
-    fit, custom = (
-        nm.train_weights(strategies[2], partial, epochs=1, model="small-cnn", loop=loop)
-        for loop in ("fit", "custom")
-    )
-    out["fit_vs_custom"] = nm.max_relative_difference(fit, custom)
-    fit, custom = (
-        nm.train_weights(strategies[2], five, epochs=2, model="small-cnn", loop=loop,
-                         steps_per_execution=3)
-        for loop in ("fit", "custom")
-    )
-    out["fit_vs_custom_spe3"] = nm.max_relative_difference(fit, custom)
-    print("RESULT " + json.dumps(out))
-    """
-)
+def runs(name, data, cases, floor=1e-12, spe=1, **kwargs):  # the reference: 1 step a call
+    ref = weights(1, data, **kwargs)
+    for replicas, loss, loop in cases:
+        try:
+            got = weights(replicas, data, loss, loop, spe, **kwargs)
+            result = [nm.max_relative_difference(got, ref, floor), None]
+        except Exception as error:
+            result = [None, f"{type(error).__name__}: {str(error)[:300]}"]
+        out["runs"][f"{name} {replicas} {loss} {loop}"] = result
+"""
 
+_EXACT = """
+for n, gb, r in ((31, 16, 4), (5, 16, 4), (31, 16, 2), (12, 8, 4)):
+    sizes = nm.per_replica_batch_sizes(strategies[r], nm.fixed_dataset(n, gb))
+    geometry = BatchGeometry(n, gb, r)
+    expected = [geometry.split(gb)] * (geometry.steps - 1)
+    expected.append(geometry.split(geometry.last_batch_size))
+    out["shapes"][f"{n}/{gb}/{r}"] = [sizes, expected]
+
+# The model people train: small-cnn, whose batch normalization is exact too.
+runs("partial", "31/16", [(2, "exact", "fit"), (4, "exact", "fit"), (4, "exact", "custom")],
+     epochs=1, model="small-cnn")
+runs("small", "5/16", [(4, "exact", "custom"), (4, "exact", "fit")], epochs=2, model="small-cnn")
+# 3 steps per call over epochs of 5 (the last batch 11 = 3+3+3+2): calls of 3 and 2 steps,
+# against 1 step per call on the same replicas: the same steps, bit for bit. (Against one
+# replica, 10 steps let float32 rounding grow to ~1e-4 in a conv kernel, spe 1 or 3 alike.)
+for replicas, loop in ((4, "fit"), (4, "custom"), (1, "fit")):
+    one, three = (weights(replicas, "75/16", "exact", loop, spe, epochs=2, model="small-cnn")
+                  for spe in (1, 3))
+    out["runs"][f"spe3 {replicas} exact {loop}"] = [nm.max_relative_difference(three, one), None]
+# 5 examples (2/2/1/0), one step: a call that ends with the data.
+runs("spe3-small", "5/16", [(4, "exact", "fit"), (4, "exact", "custom")],
+     epochs=2, model="small-cnn", spe=3)
+runs("weighted", "31/16", [(2, "exact", "custom")],
+     epochs=1, class_weights=[0.5, 1.0, 3.0], model="small-cnn")
+# EfficientNet-Lite0: fine-tuning a pretrained base (its BatchNorm in inference mode).
+runs("lite0-fine-tune", "lite", [(2, "exact", "fit")], epochs=1, model="efficientnet-lite0",
+     weights="imagenet", fine_tune=True, learning_rate=0.01)
+# Lite0 from scratch, in float64: float32 rounding decides which side of ReLU6's kink
+# a near-zero input lands on (one device with reordered batches differs by ~2), so the
+# rule itself is shown in float64; tensors below 1e-6 are zero in exact arithmetic.
+runs("lite0-scratch-f64", "lite", [(2, "exact", "fit")], epochs=1, dtype="float64",
+     model="efficientnet-lite0", learning_rate=0.01, floor=1e-6)
+# EfficientNetV2 from random weights: only its head trains, on a frozen base.
+runs("v2-scratch", "lite", [(2, "exact", "fit")], epochs=1, model="efficientnetv2-b0",
+     learning_rate=0.01)
+# fit and the custom loop must run the very same computation, bit for bit (the runs above,
+# with 1 step a call on 2 replicas and 3 steps a call on 4).
+fit, custom = (weights(2, "31/16", "exact", loop, epochs=1, model="small-cnn")
+               for loop in ("fit", "custom"))
+out["fit_vs_custom"] = nm.max_relative_difference(fit, custom)
+fit, custom = (weights(4, "75/16", "exact", loop, 3, epochs=2, model="small-cnn")
+               for loop in ("fit", "custom"))
+out["fit_vs_custom_spe3"] = nm.max_relative_difference(fit, custom)
+"""
 
 # The common rules, on a model without normalization: only the loss scale differs.
 # 31 examples in batches of 16 end with 15 (4+4+4+3); 7 examples are one uneven
 # batch (2+2+2+1): never an empty slice, which would fail in oneDNN's kernels.
-_BASELINES = textwrap.dedent(
-    """
-    import json, sys
-    sys.path.insert(0, sys.argv[1])  # tests/, for the harness
-    from mdtrain.distribute import configure_devices
-    configure_devices("cpu:4")
-    import numerics_harness as nm
+_BASELINES = """
+for name, data, epochs in (("partial-baseline", "31/16", 1), ("small-baseline", "7/16", 2)):
+    runs(name, data, [(4, "keras_fit", "fit"), (4, "naive_global_batch", "custom")],
+         epochs=epochs, global_batch_size=16)
+"""
 
-    strategies = nm.side_by_side_strategies((1, 4))
-    out = {}
-    for name, n, epochs in (("partial-baseline", 31, 1), ("small-baseline", 7, 2)):
-        dataset = nm.fixed_dataset(n, 16)
-        ref = nm.train_weights(strategies[1], dataset, epochs=epochs)
-        for loss, loop in (("keras_fit", "fit"), ("naive_global_batch", "custom")):
-            try:
-                got = nm.train_weights(strategies[4], dataset, loss=loss, loop=loop,
-                                       epochs=epochs, global_batch_size=16)
-                result = [nm.max_relative_difference(got, ref), None]
-            except Exception as error:
-                result = [None, f"{type(error).__name__}: {str(error)[:300]}"]
-            out[f"{name} 4 {loss} {loop}"] = result
-    print("RESULT " + json.dumps({"runs": out}))
-    """
-)
+_RESULT = """
+print("RESULT " + json.dumps(out))
+"""
+
+#: Every exact case, then the baselines with oneDNN's CPU kernels (their default).
+_SCRIPT = _SETUP + _EXACT + _BASELINES + _RESULT
+#: The baselines alone, for a process without oneDNN.
+_BASELINES_ONLY = _SETUP + _BASELINES + _RESULT
 
 
 def _measure(script: str, **env: str) -> dict:
@@ -153,13 +144,18 @@ def _measure(script: str, **env: str) -> dict:
 
 @pytest.fixture(scope="module")
 def measured() -> dict:
-    return _measure(_SCRIPT)
+    return _measure(_SCRIPT, TF_ENABLE_ONEDNN_OPTS="1")
 
 
 @pytest.fixture(scope="module", params=["1", "0"], ids=["onednn", "no-onednn"])
-def baselines(request) -> dict:
-    """The baselines with TensorFlow's oneDNN CPU kernels on, then off: same verdicts."""
-    return _measure(_BASELINES, TF_ENABLE_ONEDNN_OPTS=request.param)
+def baselines(request, measured) -> dict:
+    """The baselines with TensorFlow's oneDNN CPU kernels on, then off: same verdicts.
+
+    With oneDNN on they ran in `measured`'s process, after the exact cases.
+    """
+    if request.param == "1":
+        return measured
+    return _measure(_BASELINES_ONLY, TF_ENABLE_ONEDNN_OPTS=request.param)
 
 
 def _run(measured, key):

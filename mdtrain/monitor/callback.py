@@ -56,10 +56,10 @@ class MonitorCallback(keras.callbacks.Callback):
     says ``unknown`` without a GPU. images/sec is images over the time the
     user waits for training: each epoch from its start to its end, boundaries
     included, less validation (reported on its own, when the loop calls
-    ``on_test_begin``/``on_test_end``) and less the calls that traced and
-    compiled (the first call, and the first of each new batch size where the
-    batch size is known), which the summary names. Every step counts in
-    ``steps`` and ``images``.
+    ``on_test_begin``/``on_test_end``) and less compiling: the first call, and
+    the first of each new batch size where the batch size is known, count as
+    long as a like call, and the summary names the rest of their time. Every
+    step counts in ``steps`` and ``images``.
 
     Args:
         global_batch_size: Examples per step over all replicas.
@@ -128,8 +128,8 @@ class MonitorCallback(keras.callbacks.Callback):
         ``model.fit``). A distributed dataset
         (``strategy.experimental_distribute_dataset``) comes back as one whose
         iterators time ``next()`` (for a custom loop, iterated in Python). See
-        `mdtrain.monitor.watch` for how, and what it costs (two timestamps
-        and a queue entry per batch; measured below 1% of a step). Watch the
+        `mdtrain.monitor.watch` for how, and what it costs (one map call
+        per batch on the input thread). Watch the
         training data only: a watched validation set would be taken for it.
 
         Args:

@@ -123,56 +123,56 @@ class Dashboard:
                 self.verdict.value = f"<b>verdict:</b> {html.escape(rates.verdict, quote=False)}"
 
     def _show_progress(self, rates: Rates, done: bool) -> None:
-        m = self.monitor
-        epochs, steps, step = m.epochs, m.steps_per_epoch, m.meter.epoch_step
+        monitor = self.monitor
+        epochs, steps, step = monitor.epochs, monitor.steps_per_epoch, monitor.meter.epoch_step
         eta = "–"
         if epochs and steps and rates.step_time_s is not None:
-            left = (epochs - m.epoch - 1) * steps + max(0, steps - step)
+            left = (epochs - monitor.epoch - 1) * steps + max(0, steps - step)
             eta = _clock(left * rates.step_time_s)
         state = "done" if done else f"ETA {eta}"
         self.header.value = (
-            f"<b>mdtrain monitor</b> — epoch {count(m.epoch + 1, epochs)} · "
+            f"<b>mdtrain monitor</b> — epoch {count(monitor.epoch + 1, epochs)} · "
             f"step {count(step, steps)} · {state}"
         )
         if epochs:
             self.epoch_bar.max = epochs
-            self.epoch_bar.value = min(epochs, m.epoch + (1 if done else 0))
+            self.epoch_bar.value = min(epochs, monitor.epoch + (1 if done else 0))
         if steps:
             self.step_bar.max = steps
             self.step_bar.value = min(steps, step)
 
-    def _show_rates(self, r: Rates) -> None:
-        if r.images_per_sec is not None:
+    def _show_rates(self, rates: Rates) -> None:
+        if rates.images_per_sec is not None:
             self.images_per_sec.value = (
-                f"<span style='font-size:1.5em;font-weight:bold'>{r.images_per_sec:.1f}</span>"
+                f"<span style='font-size:1.5em;font-weight:bold'>{rates.images_per_sec:.1f}</span>"
                 " images/sec"
             )
-        self.stats.value = " · ".join(rate_figures(r)[1:])  # images/sec shows above
+        self.stats.value = " · ".join(rate_figures(rates)[1:])  # images/sec shows above
 
     def _show_devices(self, devices: tuple[DeviceSample, ...]) -> None:
         if set(self._rows) != {d.name for d in devices}:
             self._rows = {}
             rows = []
-            for d in devices:
+            for device in devices:
                 util = widgets.FloatProgress(min=0, max=100, description="util")
                 mem = widgets.FloatProgress(min=0, max=100, description="mem")
                 text = widgets.HTML("")
                 text.layout.min_width = "300px"
-                label = widgets.HTML(f"<b>{html.escape(d.name, quote=False)}</b>")
+                label = widgets.HTML(f"<b>{html.escape(device.name, quote=False)}</b>")
                 label.layout.width = "220px"
-                self._rows[d.name] = (util, mem, text)
+                self._rows[device.name] = (util, mem, text)
                 rows.append(widgets.HBox([label, util, mem, text]))
             self.devices.children = rows
-        for d in devices:
-            util, mem, text = self._rows[d.name]
-            util.value = d.utilization or 0.0
-            if d.memory_used is not None and d.memory_total:
-                mem.value = 100.0 * d.memory_used / d.memory_total
-            text.value = device_text(d)
+        for device in devices:
+            util, mem, text = self._rows[device.name]
+            util.value = device.utilization or 0.0
+            if device.memory_used is not None and device.memory_total:
+                mem.value = 100.0 * device.memory_used / device.memory_total
+            text.value = device_text(device)
 
 
 def _clock(seconds: float) -> str:
     seconds = int(round(seconds))
-    h, rest = divmod(seconds, 3600)
-    m, s = divmod(rest, 60)
-    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+    hours, rest = divmod(seconds, 3600)
+    minutes, seconds = divmod(rest, 60)
+    return f"{hours}:{minutes:02d}:{seconds:02d}" if hours else f"{minutes}:{seconds:02d}"

@@ -1,13 +1,12 @@
 """A watched dataset's timestamps matched to the steps that consumed them: each call's wait.
 
 `monitor.watch(dataset)` stamps every element of a `tf.data.Dataset` with the
-wall time its consumer asked for it and the time the dataset handed it over
-(`mdtrain.monitor.watch`). This module, free of TensorFlow, turns those stamps
-into each step's input wait: a step that began before its element was handed
-over waited until then. Under a strategy the consumer is the distributed
-iterator's prefetch thread, which asks ahead of the step, so the time it
-blocks is not the step's wait; the hand-over time set against the step's own
-start is.
+wall time the dataset handed it over (`mdtrain.monitor.watch`). This module,
+free of TensorFlow, turns those stamps into each step's input wait: a step
+that began before its element was handed over waited until then. Under a
+strategy the element's consumer is the distributed iterator's prefetch
+thread, which asks ahead of the step, so how long it blocks is not the step's
+wait; the hand-over time set against the step's own start is.
 """
 
 from __future__ import annotations
@@ -23,13 +22,11 @@ class Stamp:
 
     Args:
         index: Its place in its iterator: 0 starts a new iterator.
-        asked: Wall time (``time.time()``'s clock) its consumer asked for it.
-        got: Wall time the dataset handed it over.
+        got: Wall time (``time.time()``'s clock) the dataset handed it over.
         images: Its batch size (rows of its first component).
     """
 
     index: int
-    asked: float
     got: float
     images: int
 

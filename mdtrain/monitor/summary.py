@@ -98,13 +98,13 @@ class Rates:
         images: Every global example trained on, likewise.
         seconds: The training time the rates divide by: the epochs' wall
             time less validation and the left-out calls.
-        images_per_sec: Images of the timed calls over ``seconds``.
-        step_time_s: ``seconds`` per timed step.
+        images_per_sec: ``images`` over ``seconds``.
+        step_time_s: ``seconds`` per step.
         input_wait_share: The timed calls' share of time spent waiting for
             input, or ``None`` where the wait was not measured.
-        left_out_steps: Steps of the calls left out of the rates (tracing and
-            compiling). Defaults to ``0``.
-        left_out_s: Their seconds. Defaults to ``0.0``.
+        left_out_steps: Steps of the calls that traced and compiled. Defaults to ``0``.
+        left_out_s: Their seconds beyond what a like call takes: the compiling,
+            left out of ``seconds``. Defaults to ``0.0``.
         validation_s: Seconds of validation, reported on their own. Defaults to ``0.0``.
     """
 
@@ -180,10 +180,12 @@ class Summary(Rates):
         """The multi-line text form printed at the end of training."""
         lines = [f"mdtrain monitor: {self.steps} steps, {', '.join(rate_figures(self))}"]
         lines.append(f"  timing: {timing_text(self)}")
-        for d in self.devices:
-            memory = memory_text(d.peak_memory_used, d.memory_total)
-            util = f"mean {percent(d.mean_utilization)}, peak {percent(d.peak_utilization)}"
-            lines.append(f"  {d.name}: {util}" + (f", peak memory {memory}" if memory else ""))
+        for device in self.devices:
+            memory = memory_text(device.peak_memory_used, device.memory_total)
+            util = (
+                f"mean {percent(device.mean_utilization)}, peak {percent(device.peak_utilization)}"
+            )
+            lines.append(f"  {device.name}: {util}" + (f", peak memory {memory}" if memory else ""))
         if self.allocator_peaks:
             peaks = ", ".join(f"{gpu} {used / 2**30:.1f} GiB" for gpu, used in self.allocator_peaks)
             reserved = "NVML's figure is what its allocator reserved"
@@ -253,8 +255,8 @@ def timing_text(rates: Rates) -> str:
     text = f"{rates.seconds:.1f} s of training, epoch boundaries included"
     if rates.left_out_steps:
         text += (
-            f"; left out: {rates.left_out_steps} steps in {rates.left_out_s:.1f} s of tracing "
-            "and compiling (the first call of each batch size)"
+            f"; left out: {rates.left_out_s:.1f} s of tracing and compiling (in the first call "
+            f"of each batch size, {rates.left_out_steps} steps)"
         )
     if rates.validation_s:
         text += f"; validation {rates.validation_s:.1f} s, on its own"

@@ -2,9 +2,12 @@
 
 The run's time is its epochs' wall time, from each epoch's start to its end,
 so the epoch boundaries (iterator creation, the end-of-epoch work) count, less
-two things reported on their own: validation, and the calls that traced and
-compiled (the first call of the run and the first of each new batch size,
-where the batch size is known). A figure a step reports lazily (a tensor, or a
+two things reported on their own: validation, and compiling. The calls that
+trace and compile (the first call of the run, and the first of each new batch
+size where the batch size is known) count their steps and images, and the
+time a like call takes (the median first call of the other epochs, which
+makes their iterators, or the other calls' mean time per step); the rest of
+their time is compiling, left out. A figure a step reports lazily (a tensor, or a
 callable that reads one) is read with the rates, never after each step, so the
 meter costs a step microseconds. No Keras or TensorFlow here.
 """
@@ -12,10 +15,11 @@ meter costs a step microseconds. No Keras or TensorFlow here.
 from __future__ import annotations
 
 import collections
+import statistics
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from mdtrain.monitor.summary import Rates
 
@@ -35,6 +39,7 @@ class _Call:
     images: object  # number, tensor or callable; None: steps x the global batch size
     seconds: float  # from the previous call's end (or the epoch's start) to this one's
     wait_s: object  # likewise; None: not measured
+    first_of_epoch: bool  # its seconds hold the epoch's start: making the iterator
 
 
 @dataclass
@@ -43,47 +48,67 @@ class _Totals:
 
     steps: int = 0
     images: int = 0
-    timed_steps: int = 0
-    timed_images: int = 0
-    call_seconds: float = 0.0  # the timed calls' own seconds: step time, input wait included
+    call_seconds: float = 0.0  # the calls' own seconds, the left-out ones' excepted
     wait_s: float = 0.0
     waited_seconds: float = 0.0  # the seconds of the calls that reported a wait
     left_out_steps: int = 0
-    left_out_s: float = 0.0
+    left_out_calls: list = field(default_factory=list)  # (seconds, steps, first_of_epoch)
+    first_call_seconds: list = field(default_factory=list)  # each epoch's first call, timed
+    later_seconds: float = 0.0  # the other calls, timed
+    later_steps: int = 0
     validation_s: float = 0.0
     closed_epochs_s: float = 0.0  # the wall time of the epochs that ended
     open_epoch_t0: float | None = None  # the running epoch's start
 
-    def add(self, call: _Call, steps_images: int, wait_s: float | None, left_out: bool) -> None:
+    def add(self, call: _Call, images: int, wait_s: float | None, left_out: bool) -> None:
         self.steps += call.steps
-        self.images += steps_images
+        self.images += images
         if left_out:
             self.left_out_steps += call.steps
-            self.left_out_s += call.seconds
+            self.left_out_calls.append((call.seconds, call.steps, call.first_of_epoch))
             return
-        self.timed_steps += call.steps
-        self.timed_images += steps_images
         self.call_seconds += call.seconds
+        if call.first_of_epoch:
+            self.first_call_seconds.append(call.seconds)
+        else:
+            self.later_seconds += call.seconds
+            self.later_steps += call.steps
         if wait_s is not None:
             self.wait_s += min(wait_s, call.seconds)
             self.waited_seconds += call.seconds
 
-    def rates(self, now: float) -> Rates:
+    def typical_seconds(self, steps: int, first_of_epoch: bool) -> float | None:
+        """What a call like this takes when it compiles nothing: the timed calls' median or mean."""
+        if first_of_epoch and self.first_call_seconds:
+            return statistics.median(self.first_call_seconds)
+        return steps * self.later_seconds / self.later_steps if self.later_steps else None
+
+    def compiling_s(self, reference: _Totals) -> float:
+        """The left-out calls' seconds beyond a like call's of ``reference``: the compiling."""
+        excess = 0.0
+        for seconds, steps, first_of_epoch in self.left_out_calls:
+            typical = reference.typical_seconds(steps, first_of_epoch)
+            excess += seconds if typical is None else max(0.0, seconds - typical)
+        return excess
+
+    def rates(self, now: float, reference: _Totals | None = None) -> Rates:
+        """Rates on the epochs' clock, the compiling judged against ``reference``'s calls."""
+        compiling = self.compiling_s(reference or self)
         running = now - self.open_epoch_t0 if self.open_epoch_t0 is not None else 0.0
-        seconds = max(0.0, self.closed_epochs_s + running - self.validation_s - self.left_out_s)
+        seconds = max(0.0, self.closed_epochs_s + running - self.validation_s - compiling)
         if self.open_epoch_t0 is None and not self.closed_epochs_s:
             seconds = self.call_seconds  # calls counted outside epochs: the recent ones
         return Rates(
             steps=self.steps,
             images=self.images,
             seconds=seconds,
-            images_per_sec=self.timed_images / seconds if seconds > 0 else None,
-            step_time_s=seconds / self.timed_steps if self.timed_steps else None,
+            images_per_sec=self.images / seconds if seconds > 0 else None,
+            step_time_s=seconds / self.steps if self.steps else None,
             input_wait_share=(
                 self.wait_s / self.waited_seconds if self.waited_seconds > 0 else None
             ),
             left_out_steps=self.left_out_steps,
-            left_out_s=self.left_out_s,
+            left_out_s=compiling,
             validation_s=self.validation_s,
         )
 
@@ -174,10 +199,11 @@ class ThroughputMeter:
         now = self._clock()
         with self._lock:
             steps = self.steps_until(batch)
-            self._last_batch = batch
-            call = _Call(steps, images, max(0.0, now - self._last_end), input_wait_s)
+            seconds = max(0.0, now - self._last_end)
+            call = _Call(steps, images, seconds, input_wait_s, self._last_batch < 0)
             self._last_end = now
             self.epoch_step += steps
+            self._last_batch = batch
             self._unread.append((call, (self._run, self._epoch)))
             self._recent.append(call)
             if len(self._unread) > 1000:  # read now and then: constant memory
@@ -193,7 +219,7 @@ class ThroughputMeter:
         """Rates over the current (or just finished) epoch."""
         with self._lock:
             self._read_calls()
-            return self._epoch.rates(self._clock())
+            return self._epoch.rates(self._clock(), reference=self._run)
 
     def current_rates(self) -> Rates:
         """Rates over the last 20 calls, their own seconds only: what a live view shows."""

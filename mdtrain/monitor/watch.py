@@ -6,22 +6,28 @@ Two ways, one per place the wait happens:
   that call blocks for exactly the step's wait: `WatchedDistributedDataset`
   times it on the loop's own thread. Cost: two clock reads per step.
 - Plain `fit` fetches inside Keras' compiled train function, out of a
-  callback's sight. `stamp_dataset` zips the dataset between two datasets of
-  timestamps: `Zip` asks its inputs for their next element in order, on one
-  thread, so each element comes with the wall time its consumer asked for it
-  and the time it was handed over; a map puts both in a host queue.
+  callback's sight. `stamp_dataset` appends one sequential map to the
+  dataset, which runs the moment the dataset hands an element over and puts
+  the element's number (from `enumerate`: 0 for each new iterator), the wall
+  time (`tf.timestamp`) and its batch size in a host queue.
   `mdtrain.monitor.stamps` sets the hand-over time against the step's start
   (the previous step's end), which the callback sees. Under a strategy the
-  consumer is the distributed iterator's prefetch thread, one element per
-  replica ahead of the step, so the time it blocks would overstate the step's
-  wait, and is not used. Not measured: the copy from the host to the device
-  after the hand-over (microseconds on CPU replicas; on a GPU, the batch's
-  transfer). This was chosen over changing Keras' train function (a private
-  API that each Keras release may move) because it uses public tf.data only.
-  Cost: two timestamps and a queue entry per batch, on the input thread.
+  element's consumer is the distributed iterator's prefetch thread, one
+  element per replica ahead of the step, so how long that thread blocks would
+  overstate the step's wait (a `Zip` of timestamps around the dataset measures
+  that, at twice the cost), and is not used. Not measured: the copy from the
+  host to the device after the hand-over (microseconds on CPU replicas; on a
+  GPU, the batch's transfer). Chosen over changing Keras' train function (a
+  private API that each Keras release may move): public tf.data only.
+  Cost: one map call per batch on the input thread, about 100 µs of CPU time
+  on a loaded 2-core machine (`benchmarks/watch_overhead.py`).
 
 Under op determinism (`tf.config.experimental.enable_op_determinism`)
-TensorFlow refuses `tf.timestamp`, and `watch` returns the dataset as it was.
+TensorFlow refuses `tf.timestamp` ("Timestamp cannot be called when
+determinism is enabled"), so the stamp's clock is then Python's `time.time`
+through `tf.numpy_function`, which determinism allows: the same wall clock,
+for the cost of taking the GIL once a batch (about 0.1 ms of CPU on an idle
+core; up to 2 ms on a 2-core machine loaded 8 times over).
 """
 
 from __future__ import annotations
@@ -29,10 +35,10 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 
+import numpy as np
 import tensorflow as tf
 
 from mdtrain.compat import op_determinism_enabled
-from mdtrain.monitor.sampler import say_once
 from mdtrain.monitor.stamps import Stamp
 
 
@@ -45,6 +51,12 @@ def _rows(component) -> tf.Tensor:
     return tf.reduce_prod(tf.shape(component)[:1])
 
 
+def _python_clock() -> tf.Tensor:
+    """`tf.timestamp`'s wall time from Python: what op determinism allows (see the module's doc)."""
+    seconds = tf.numpy_function(lambda: np.float64(time.time()), [], tf.float64, stateful=True)
+    return tf.ensure_shape(seconds, [])
+
+
 class StampQueue:
     """A host queue of `Stamp` figures that watched datasets fill and the monitor drains."""
 
@@ -52,22 +64,22 @@ class StampQueue:
         # Unbounded (capacity -1): a dataset watched by no monitor must never block on it.
         with tf.init_scope(), tf.device("/cpu:0"):
             self._queue = tf.queue.FIFOQueue(
-                -1, [tf.int64, tf.float64, tf.float64, tf.int32], shapes=[[], [], [], []]
+                -1, [tf.int64, tf.float64, tf.int32], shapes=[[], [], []]
             )
 
     def stamp_dataset(self, dataset: tf.data.Dataset) -> tf.data.Dataset:
         """``dataset``'s elements, unchanged, each stamped into this queue as it is handed out."""
-        asked = tf.data.Dataset.counter().map(lambda index: (index, tf.timestamp()))
-        handed_over = tf.data.Dataset.from_tensors(0).repeat().map(lambda _: tf.timestamp())
+        clock = _python_clock if op_determinism_enabled() else tf.timestamp
 
-        def record(index_and_asked, element, got):
-            index, asked_at = index_and_asked
+        def record(index, element):
             rows = _rows(tf.nest.flatten(element)[0])
-            stamped = self._queue.enqueue((index, asked_at, got, rows))
+            stamped = self._queue.enqueue((index, clock(), rows))
             with tf.control_dependencies([stamped]):  # the element waits for its stamp
                 return tf.nest.map_structure(tf.identity, element)
 
-        return tf.data.Dataset.zip((asked, dataset, handed_over)).map(record)
+        # `enumerate` numbers the elements afresh for each iterator; the map is sequential, so
+        # it runs the moment `dataset` hands an element over, on the consumer's thread.
+        return dataset.enumerate().map(record)
 
     def drain(self) -> list[Stamp]:
         """The stamps recorded since the last drain, in order."""
@@ -147,12 +159,6 @@ class WatchedDistributedDataset:
 def watched(dataset, stamps: StampQueue, wait: HostWait):
     """``dataset`` (tf.data or distributed) watched as `MonitorCallback.watch` says."""
     if isinstance(dataset, tf.data.Dataset):
-        if op_determinism_enabled():
-            say_once(
-                "mdtrain.monitor: op determinism refuses tf.timestamp, so the input wait "
-                "under fit is not measured"
-            )
-            return dataset
         return stamps.stamp_dataset(dataset)
     if isinstance(dataset, tf.distribute.DistributedDataset):
         return WatchedDistributedDataset(dataset, wait)

@@ -63,23 +63,23 @@ def replica_class_counts_plot(
         The figure.
     """
     counts = np.asarray(counts)
-    steps, replicas, k = counts.shape
+    steps, replicas, classes = counts.shape
     fig = new_figure((2.9 * replicas + 1.4, 2.5), title)
     axes = np.atleast_1d(fig.subplots(1, replicas, sharey=True))
-    colors = tab10_colors(k)
-    for r, ax in enumerate(axes):
+    colors = tab10_colors(classes)
+    for replica, ax in enumerate(axes):
         bottom = np.zeros(steps)
-        for c in range(k):
+        for label in range(classes):
             ax.bar(
                 np.arange(1, steps + 1),
-                counts[:, r, c],
+                counts[:, replica, label],
                 bottom=bottom,
                 width=0.85,
-                color=colors[c],
-                label=class_names[c],
+                color=colors[label],
+                label=class_names[label],
             )
-            bottom += counts[:, r, c]
-        ax.set_title(f"replica {r}", fontsize=10)
+            bottom += counts[:, replica, label]
+        ax.set_title(f"replica {replica}", fontsize=10)
         ax.set_xlabel("step")
         ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
         ax.spines[["top", "right"]].set_visible(False)

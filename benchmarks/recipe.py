@@ -1,0 +1,176 @@
+"""Article 003's recipe beside `mdtrain train`, both as whole commands on the same data.
+
+The recipe, as article 003 (and notebooks 02/03) write it:
+`keras.utils.image_dataset_from_directory(...)` for `train/` and `val/` with
+`.cache()` and `.prefetch(AUTOTUNE)`, Keras' augmentation layers inside the
+model (flip, rotation ±20°, zoom ±15%: `mdtrain train`'s policy, so the two
+learn the same task), the same small CNN as `mdtrain train --model small-cnn`
+(built with Keras' own `BatchNormalization`, as a user writes it),
+`MirroredStrategy` over 2 virtual CPU replicas, `Adam()`, `fit` for 15 epochs
+at the same image size and global batch. `mdtrain train --strategy cpu:2`
+runs with its defaults on the same folder.
+
+Each round runs both commands one after the other (who goes first alternates
+round by round), each timed from its start to its exit on this script's
+clock (`time.perf_counter`): wall time a user waits, start-up included. The
+result holds each side's wall times and last validation accuracy per round,
+their medians, and the wall ratio recipe ÷ mdtrain taken round by round.
+
+Usage, from the repository root (about 3 minutes a round on 2 idle cores):
+
+    python benchmarks/recipe.py [--data data/demo] [--epochs 15] [--repeats 3] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+from pathlib import Path
+
+from _common import REPO, check_positive, last_json, machine_info, run_main, write_result
+
+REPLICAS = 2
+#: mdtrain train's defaults for the small CNN: 32 px, 32 images per replica.
+IMAGE_SIZE, BATCH_PER_REPLICA = 32, 32
+
+
+def recipe_fit(
+    data: str | os.PathLike,
+    image_size: int,
+    global_batch: int,
+    epochs: int,
+    devices: list[str] | None = None,
+    callbacks: list | None = None,
+):
+    """Trains article 003's recipe; returns the model, strategy, training dataset and history.
+
+    Args:
+        data: a folder holding `train/` and `val/` class folders.
+        image_size: side of the square images the loader resizes to.
+        global_batch: images per step over all replicas.
+        epochs: training epochs.
+        devices: the strategy's devices. Defaults to None: every GPU, else the CPU.
+        callbacks: Keras callbacks for `fit`. Defaults to None.
+
+    Returns:
+        `(model, strategy, train_ds, history)`; `train_ds.file_paths` lists the images.
+    """
+    import keras
+    import tensorflow as tf
+
+    from mdtrain.compat import fresh_collective_keys
+    from mdtrain.models import build_model
+
+    keras.utils.set_random_seed(0)
+
+    def load(split):
+        return keras.utils.image_dataset_from_directory(
+            Path(data) / split, shuffle=True, seed=0, batch_size=global_batch,
+            image_size=(image_size, image_size),
+        )  # fmt: skip
+
+    train_ds, val_ds = load("train"), load("val")
+    fresh_collective_keys()  # another MirroredStrategy over these devices may come before
+    # NCCL, the default over GPUs, refuses two ranks on one card ("invalid usage").
+    logical, physical = (len(tf.config.list_logical_devices("GPU")),
+                         len(tf.config.list_physical_devices("GPU")))  # fmt: skip
+    reduce = tf.distribute.ReductionToOneDevice() if logical > physical else None
+    strategy = tf.distribute.MirroredStrategy(devices, cross_device_ops=reduce)
+    layers = keras.layers
+    with strategy.scope():
+        augmentation = keras.Sequential(
+            [layers.RandomFlip("horizontal"), layers.RandomRotation(20 / 360),
+             layers.RandomZoom(0.15)], name="augmentation",
+        )  # fmt: skip
+        net = build_model("small-cnn", len(train_ds.class_names), image_size, batch_norm="local")
+        inputs = keras.Input((image_size, image_size, 3))
+        model = keras.Model(inputs, net(augmentation(inputs)))
+        model.compile(optimizer=keras.optimizers.Adam(), metrics=["accuracy"],
+                      loss="sparse_categorical_crossentropy")  # fmt: skip
+    autotune = tf.data.AUTOTUNE
+    history = model.fit(
+        train_ds.cache().prefetch(autotune), epochs=epochs, verbose=2, callbacks=callbacks,
+        validation_data=val_ds.cache().prefetch(autotune),
+    )  # fmt: skip
+    return model, strategy, train_ds, history
+
+
+def _recipe_worker(data: str, epochs: int) -> dict:
+    """The recipe in this process, on 2 virtual CPU replicas: its last validation accuracy."""
+    from mdtrain.distribute import configure_devices
+
+    configure_devices(f"cpu:{REPLICAS}")
+    devices = [f"/cpu:{index}" for index in range(REPLICAS)]
+    *_, history = recipe_fit(data, IMAGE_SIZE, BATCH_PER_REPLICA * REPLICAS, epochs, devices)
+    return {"val_accuracy": history.history["val_accuracy"][-1]}
+
+
+def _commands(data: str, epochs: int) -> dict[str, list[str]]:
+    worker = json.dumps({"data": data, "epochs": epochs})
+    return {
+        "recipe": [sys.executable, __file__, "--worker", worker],
+        "mdtrain": [sys.executable, "-m", "mdtrain", "train", "--data", data, "--strategy",
+                    f"cpu:{REPLICAS}", "--epochs", str(epochs), "--monitor", "none", "--json"],
+    }  # fmt: skip
+
+
+def _timed(command: list[str]) -> dict:
+    """Runs `command` to its exit: its wall seconds and the accuracy its last line reports."""
+    last, wall = last_json(command, REPO)
+    accuracy = last.get("val_accuracy") or (last.get("history") or [{}])[-1].get("val_accuracy")
+    return {"wall_s": round(wall, 2), "val_accuracy": accuracy}
+
+
+def _summary(runs: dict[str, list[dict]]) -> dict:
+    """Medians and spreads of both sides, and the wall ratio recipe ÷ mdtrain round by round."""
+    result = {}
+    for side, rounds in runs.items():
+        walls = [one["wall_s"] for one in rounds]
+        result[side] = {"wall_s": round(statistics.median(walls), 2),
+                        "wall_spread": [min(walls), max(walls)],
+                        "val_accuracy": [one["val_accuracy"] for one in rounds]}  # fmt: skip
+    ratios = [r["wall_s"] / m["wall_s"] for r, m in zip(runs["recipe"], runs["mdtrain"],
+                                                         strict=True)]  # fmt: skip
+    result["recipe_wall_vs_mdtrain"] = {"median": round(statistics.median(ratios), 2),
+                                        "rounds": [round(x, 2) for x in ratios]}  # fmt: skip
+    return result
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", help="dataset folder with train/ and val/ (default: the demo "
+                        "dataset, made on first use)")  # fmt: skip
+    parser.add_argument("--epochs", type=int, default=15, help="training epochs (default: 15)")
+    parser.add_argument("--repeats", type=int, default=3, help="rounds (default: 3)")
+    parser.add_argument("--output", default=str(REPO / "benchmarks" / "recipe.json"))
+    parser.add_argument("--json", action="store_true", help="last line: the result as JSON")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.worker:
+        config = json.loads(args.worker)
+        print(json.dumps(_recipe_worker(config["data"], config["epochs"])), flush=True)
+        return
+    check_positive(epochs=args.epochs, repeats=args.repeats)
+    from mdtrain.sources import ensure_demo_dataset
+
+    data = str(Path(args.data) if args.data else ensure_demo_dataset())
+    commands, runs = _commands(data, args.epochs), {"recipe": [], "mdtrain": []}
+    for number in range(args.repeats):
+        for side in ("recipe", "mdtrain")[:: 1 if number % 2 == 0 else -1]:
+            runs[side].append(_timed(commands[side]))
+            print(f"round {number + 1} {side}: {runs[side][-1]}", file=sys.stderr, flush=True)
+    result = {"summary": _summary(runs), "runs": runs, "data": data, "epochs": args.epochs,
+              "replicas": REPLICAS, "machine": machine_info(),
+              "command": " ".join(["python", "benchmarks/recipe.py",
+                                   *(argv if argv is not None else sys.argv[1:])])}  # fmt: skip
+    bars = {f"{side} (wall s)": result["summary"][side]["wall_s"] for side in runs}
+    title = f"{args.epochs} epochs on 2 CPU replicas: wall seconds per command (lower is faster)"
+    write_result(result, args.output, "recipe", bars, None, title)
+    print(json.dumps(result) if args.json else json.dumps(result["summary"], indent=1))
+
+
+if __name__ == "__main__":
+    run_main(main)
