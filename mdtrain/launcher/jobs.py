@@ -229,7 +229,8 @@ def kill_worker_when(
 
     For demonstrating and testing `--restarts` with `--backup-dir`: call it just
     before `launch` or `run_workers` in the same process, with e.g.
-    `"backup/mdtrain-backup.json"` (the manifest mdtrain writes after each backup), so a worker dies right after the first backup.
+    `"backup/mdtrain-backup.json"` (the manifest written after each backup), so
+    a worker dies right after the first backup.
 
     Args:
         pattern: a glob pattern, absolute or relative to the current folder.
