@@ -509,7 +509,7 @@ class UtilisationPair:
     def __init__(self, work: Path) -> None:
         from mdtrain.monitor import Sampler
 
-        self.sampler = Sampler(interval_s=0.25, clock=time.time, quiet=True, max_samples=20000)
+        self.sampler = Sampler(interval_s=0.25, clock=time.time, max_samples=20000)
         self.smi, self.smi_error, self.smi_text = None, None, ""
         self.log = work / "nvidia-smi.csv"  # a file: a pipe nobody reads would fill and block
 
