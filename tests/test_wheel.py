@@ -46,7 +46,7 @@ NOT_WANTED = re.compile(r"^(jupyterlab|notebook|jupyter[-_]server|jupyter)$", re
 
 def _first_code_cell(path: Path) -> str:
     notebook = nbformat.read(path, as_version=4)
-    return next(c.source for c in notebook.cells if c.cell_type == "code")
+    return next(c.source for c in notebook.cells if c.cell_type == "code").rstrip()
 
 
 # --- fast checks: the setup cell ------------------------------------------------------
