@@ -335,6 +335,21 @@ def _distributed(strategy: tf.distribute.Strategy, dataset):
     return dataset if done else strategy.experimental_distribute_dataset(dataset)
 
 
+def callback_list(trainer, callbacks, verbose: int, epochs: int, steps_per_epoch: int):
+    """`fit`'s start, for the loops that stand in for it: its `CallbackList`, and the `History`."""
+    history = keras.callbacks.History()
+    cbs = keras.callbacks.CallbackList(
+        [*(callbacks or []), history],
+        add_progbar=verbose > 0,
+        model=trainer,
+        verbose=verbose,
+        epochs=epochs,
+        steps=steps_per_epoch,
+    )
+    trainer.stop_training = False
+    return cbs, history
+
+
 def custom_fit(
     trainer: ExactTrainer,
     strategy: tf.distribute.Strategy,
@@ -373,16 +388,7 @@ def custom_fit(
     train_dist, val_dist = _distributed(strategy, train_ds), _distributed(strategy, val_ds)
     if val_ds is not None:
         test_step = _compiled_step(strategy, trainer.test_step, val_dist.element_spec)
-    history = keras.callbacks.History()
-    cbs = keras.callbacks.CallbackList(
-        [*(callbacks or []), history],
-        add_progbar=verbose > 0,
-        model=trainer,
-        verbose=verbose,
-        epochs=epochs,
-        steps=steps_per_epoch,
-    )
-    trainer.stop_training = False
+    cbs, history = callback_list(trainer, callbacks, verbose, epochs, steps_per_epoch)
     iterator = iter(train_dist)
     cbs.on_train_begin()
     logs: dict[str, float] = {}

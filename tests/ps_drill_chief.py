@@ -10,7 +10,7 @@ import sys
 
 import mdtrain
 from mdtrain.cli import config_from_args
-from mdtrain.ps import MarkAfter
+from mdtrain_course.drills import MarkAfter
 
 if __name__ == "__main__":
     steps, mark_file, *train_args = sys.argv[1:]

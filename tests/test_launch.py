@@ -20,12 +20,12 @@ from mdtrain.errors import UsageError
 from mdtrain.gpus import visible_gpus
 from mdtrain.launcher import (
     free_ports,
-    kill_worker_when,
     launch,
     run_workers,
     tf_config,
     worker_devices,
 )
+from mdtrain_course.drills import kill_worker_when
 
 FAKE = [sys.executable, str(Path(__file__).parent / "fixtures" / "fake_worker.py")]
 ROOT = Path(__file__).resolve().parents[1]

@@ -16,8 +16,9 @@ import pytest
 
 from mdtrain import ps
 from mdtrain.errors import UsageError
-from mdtrain.launcher import kill_worker_when, launch
+from mdtrain.launcher import launch
 from mdtrain.training import TrainConfig
+from mdtrain_course.drills import kill_worker_when
 from tests.conftest import run_mdtrain
 
 

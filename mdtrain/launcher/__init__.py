@@ -19,14 +19,13 @@ or a trusted network, and firewall the ports (docs/multi-worker.md, "Security").
 """
 
 from mdtrain.gpus import WorkerDevices, worker_devices
-from mdtrain.launcher.jobs import free_ports, kill_worker_when, launch, run_workers, tf_config
+from mdtrain.launcher.jobs import free_ports, launch, run_workers, tf_config
 from mdtrain.launcher.processes import HANG_EXIT_CODE
 
 __all__ = [
     "HANG_EXIT_CODE",
     "WorkerDevices",
     "free_ports",
-    "kill_worker_when",
     "launch",
     "run_workers",
     "tf_config",

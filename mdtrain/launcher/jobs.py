@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import contextlib
-import glob
 import json
 import os
-import signal
 import socket
 import sys
-import threading
 import time
 from typing import TextIO
 
@@ -222,42 +219,6 @@ def _after_failure(job: Job, failed, attempt: int, restarts: int) -> int | None:
     return None if left else exit_status(failed[0][1])
 
 
-def kill_worker_when(
-    pattern: str | os.PathLike, index: int, timeout_s: float = 600.0
-) -> threading.Thread:
-    """Kills worker `index` with SIGKILL once a file matching `pattern` exists (a fault drill).
-
-    For demonstrating and testing `--restarts` with `--backup-dir`: call it just
-    before `launch` or `run_workers` in the same process, with e.g.
-    `"backup/mdtrain-backup.json"` (the manifest written after each backup), so
-    a worker dies right after the first backup.
-
-    Args:
-        pattern: a glob pattern, absolute or relative to the current folder.
-        index: the worker to kill (its `MDTRAIN_WORKER_INDEX`).
-        timeout_s: give up after this many seconds. Defaults to `600.0`.
-
-    Returns:
-        The watching daemon thread.
-    """
-    import psutil
-
-    def watch() -> None:
-        deadline = time.monotonic() + timeout_s
-        while not glob.glob(str(pattern)):
-            if time.monotonic() > deadline:
-                return  # the drill never came: a later job's worker must not pay for it
-            time.sleep(POLL_S)
-        for child in psutil.Process().children():
-            with contextlib.suppress(psutil.Error):  # a child that is gone, or not ours to read
-                if child.environ().get("MDTRAIN_WORKER_INDEX") == str(index):
-                    child.send_signal(signal.SIGKILL)
-
-    thread = threading.Thread(target=watch, daemon=True)
-    thread.start()
-    return thread
-
-
 def _without_strategy(train_args: list[str], wanted: str, why: str) -> list[str]:
     """`train_args` without their `--strategy` options, each (argparse keeps the last) `wanted`."""
     rest, args = [], iter(train_args)
@@ -308,7 +269,7 @@ def launch(
             every worker's, or with `num_ps` the chief's. It is given
             `train_args` and the `--strategy` option, and typically calls
             `mdtrain.train(mdtrain.cli.config_from_args(args), callbacks=[...])`
-            to add callbacks, such as a fault drill's `mdtrain.ps.MarkAfter`.
+            to add callbacks, such as a fault drill's `mdtrain_course.drills.MarkAfter`.
             Defaults to `None`: `python -m mdtrain train`.
         **kwargs: `run_workers`' options, with `num_ps` too (`host`,
             `log_dir`, `hang_timeout_s`, `env`, `stream`, `gpus_per_worker`).
@@ -376,7 +337,7 @@ def _run_ps_cluster(
                 TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": role, "index": index}}),
             )
             if role == "worker":
-                env["MDTRAIN_WORKER_INDEX"] = str(index)  # what kill_worker_when looks for
+                env["MDTRAIN_WORKER_INDEX"] = str(index)  # what a fault drill looks for
             if job.gpus is not None:  # workers compute; the ps and the chief hold and schedule
                 env["CUDA_VISIBLE_DEVICES"] = job.gpus[index] if role == "worker" else ""
             command = chief_command if role == "chief" else server_command

@@ -3,10 +3,8 @@
 `monitor.watch(dataset)` stamps every element of a `tf.data.Dataset` with the
 wall time the dataset handed it over (`mdtrain.monitor.watch`). This module,
 free of TensorFlow, turns those stamps into each step's input wait: a step
-that began before its element was handed over waited until then. Under a
-strategy the element's consumer is the distributed iterator's prefetch
-thread, which asks ahead of the step, so how long it blocks is not the step's
-wait; the hand-over time set against the step's own start is.
+that began before its element was handed over waited until then (why the
+hand-over, not the consumer's blocking: `mdtrain.monitor.watch`).
 """
 
 from __future__ import annotations

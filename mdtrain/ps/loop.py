@@ -16,7 +16,7 @@ import numpy as np
 import tensorflow as tf
 
 from mdtrain.compat import one_result_copy_at_a_time
-from mdtrain.loop import StepStats, build_optimizer, metric_logs
+from mdtrain.loop import StepStats, build_optimizer, callback_list, metric_logs
 from mdtrain.pipeline import InputData
 
 
@@ -44,16 +44,7 @@ def coordinator_fit(
     if log_every < 1:
         raise ValueError(f"log_every must be at least 1, not {log_every}")
     blocks = _Blocks(trainer, strategy, dataset_fn, learning_rate)
-    history = keras.callbacks.History()
-    cbs = keras.callbacks.CallbackList(
-        [*(callbacks or []), history],
-        add_progbar=verbose > 0,
-        model=trainer,
-        verbose=verbose,
-        epochs=epochs,
-        steps=steps_per_epoch,
-    )
-    trainer.stop_training = False
+    cbs, history = callback_list(trainer, callbacks, verbose, epochs, steps_per_epoch)
     cbs.on_train_begin()
     logs: dict[str, float] = {}
     for epoch in range(initial_epoch, epochs):
