@@ -417,9 +417,9 @@ NUMERICS_CASES = {
     "--batch-norm local (31 examples: last 8 + 7)": (31, 16, "local", False),
 }
 #: tests/test_numerics.py's bound on the largest relative weight difference, and its image
-#: size (16 px: 1x1 after the small CNN's 4 poolings). At 32 px, 2 CPU replicas differ from 1
-#: by 1.4e-3 after one step of 16 examples (8 + 8) at a learning rate of 0.1 or 0.001 alike,
-#: so not through the gradients, and by 3-7% over 17 and 31 examples (2026-12-05, reported).
+#: size (16 px: 1x1 after the small CNN's 4 poolings). At 32 px float32 runs part by up to
+#: 1.4e-3 after one step through a max-pool tie that float32 breaks the other way in one of
+#: them (float64: 1e-14): docs/numerics.md, "Float32: discrete decisions, not the rule".
 EXACT, NUMERICS_PX = 1e-4, 16
 
 
