@@ -88,7 +88,9 @@ def _compiled_step(strategy: tf.distribute.Strategy, step_fn, element_spec):
 def _compiled_steps(strategy: tf.distribute.Strategy, step_fn, results, timed: bool):
     """`steps(iterator, limit)`: up to `limit` steps in one graph; returns, as tensors, the steps
     run, their global examples, the seconds waited for input and the metrics' results."""
-    clock = tf.timestamp if timed else lambda: tf.constant(0.0, tf.float64)  # determinism: no clock
+    # Op determinism refuses tf.timestamp; a Python clock (`graph_clock`) stalled this compiled
+    # loop under determinism on 2 CPU replicas (2026-12-05, not yet understood), so no clock.
+    clock = tf.timestamp if timed else lambda: tf.constant(0.0, tf.float64)
 
     def fetch(iterator):
         start = clock()

@@ -246,5 +246,5 @@ def test_watch_measures_under_op_determinism(tmp_path):
         [sys.executable, str(script)], capture_output=True, text=True, timeout=600
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    verdict = done.stdout.split("VERDICT", 1)[1].strip()
+    verdict = done.stdout.split("VERDICT", 1)[1].splitlines()[0].strip()
     assert verdict.startswith("input-bound (highly)"), verdict

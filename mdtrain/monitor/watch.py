@@ -24,10 +24,8 @@ Two ways, one per place the wait happens:
 
 Under op determinism (`tf.config.experimental.enable_op_determinism`)
 TensorFlow refuses `tf.timestamp` ("Timestamp cannot be called when
-determinism is enabled"), so the stamp's clock is then Python's `time.time`
-through `tf.numpy_function`, which determinism allows: the same wall clock,
-for the cost of taking the GIL once a batch (about 0.1 ms of CPU on an idle
-core; up to 2 ms on a 2-core machine loaded 8 times over).
+determinism is enabled"), so the stamp's clock is then Python's
+(`mdtrain.clock.graph_clock`).
 """
 
 from __future__ import annotations
@@ -35,10 +33,9 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 
-import numpy as np
 import tensorflow as tf
 
-from mdtrain.compat import op_determinism_enabled
+from mdtrain.clock import graph_clock
 from mdtrain.monitor.stamps import Stamp
 
 
@@ -49,12 +46,6 @@ def _rows(component) -> tf.Tensor:
     if isinstance(component, tf.SparseTensor):
         return tf.cast(component.dense_shape[0], tf.int32)
     return tf.reduce_prod(tf.shape(component)[:1])
-
-
-def _python_clock() -> tf.Tensor:
-    """`tf.timestamp`'s wall time from Python: what op determinism allows (see the module's doc)."""
-    seconds = tf.numpy_function(lambda: np.float64(time.time()), [], tf.float64, stateful=True)
-    return tf.ensure_shape(seconds, [])
 
 
 class StampQueue:
@@ -69,7 +60,7 @@ class StampQueue:
 
     def stamp_dataset(self, dataset: tf.data.Dataset) -> tf.data.Dataset:
         """``dataset``'s elements, unchanged, each stamped into this queue as it is handed out."""
-        clock = _python_clock if op_determinism_enabled() else tf.timestamp
+        clock = graph_clock()
 
         def record(index, element):
             rows = _rows(tf.nest.flatten(element)[0])

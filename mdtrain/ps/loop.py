@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from functools import partial
 
 import keras
 import numpy as np
@@ -67,7 +68,8 @@ class _Blocks:
         self.coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
         build_optimizer(trainer)  # on the ps, before any step
         self.iterator = iter(self.coordinator.create_per_worker_dataset(dataset_fn))
-        self.step = tf.function(lambda it: strategy.run(trainer.train_step_sums, args=(next(it),)))
+        self.step = tf.function(partial(_timed_step, strategy, trainer))
+        self.workers = _worker_count(strategy)
         self.log = {k: [] for k in ("steps", "loss", "accuracy", "seconds", "learning_rate")}
         self.log |= dict(scheduled=0, completed=0, examples=0)
         self.start = time.perf_counter()
@@ -78,14 +80,16 @@ class _Blocks:
         while done < steps:
             block = min(log_every - self.log["completed"] % log_every, steps - done)
             cbs.on_train_batch_begin(done)
-            sums = self.run(block)
+            sums, waited = self.run(block)
             totals, done = totals + sums, done + block
-            self.trainer.last_step = StepStats(int(sums[2]), None)  # the block's examples
+            # The block's examples, and the workers' mean wait: they fetch side by side.
+            self.trainer.last_step = StepStats(int(sums[2]), waited / self.workers)
             cbs.on_train_batch_end(done - 1, _means(sums))
         return _means(totals)
 
-    def run(self, steps: int) -> np.ndarray:
-        """Schedules `steps` steps, waits for them; their summed loss, correct, examples."""
+    def run(self, steps: int) -> tuple[np.ndarray, float]:
+        """Schedules `steps` steps, waits for them; their summed loss, correct, examples, and
+        the seconds their workers waited for input, summed."""
         log, optimizer = self.log, self.trainer.optimizer
         if self.learning_rate is not None:
             # Set from the coordinator's count of steps, not the optimizer's: under parameter
@@ -98,14 +102,33 @@ class _Blocks:
         log["scheduled"] += steps
         self.coordinator.join()  # raises if a step failed for a reason other than a lost worker
         # fetch() raises if this step failed; a lost worker's steps were rerun elsewhere.
-        sums = np.sum([r.fetch() for r in remote], axis=0)
+        results = [r.fetch() for r in remote]
+        sums = np.sum([step_sums for step_sums, _ in results], axis=0)
+        waited = float(sum(wait for _, wait in results))
         log["completed"] += steps
         log["examples"] += int(sums[2])  # (their class weights' sum, with --class-weight)
         log["steps"].append(log["completed"])
         for name, value in _means(sums).items():
             log[name].append(value)
         log["seconds"].append(time.perf_counter() - self.start)
-        return sums
+        return sums, waited
+
+
+def _worker_count(strategy) -> int:
+    """The cluster's workers: from the strategy's resolver, else `TF_CONFIG`, else 1."""
+    resolver = strategy.cluster_resolver
+    if resolver is not None:
+        return max(1, resolver.cluster_spec().num_tasks("worker"))
+    return max(1, cluster_size()["num_workers"])
+
+
+def _timed_step(strategy, trainer, iterator):
+    """One worker's step on its next batch: the step's sums, and how long it waited for it."""
+    start = tf.timestamp()  # a parameter-server run never sets op determinism
+    batch = next(iterator)
+    with tf.control_dependencies(tf.nest.flatten(batch)):
+        waited = tf.timestamp() - start
+    return strategy.run(trainer.train_step_sums, args=(batch,)), waited
 
 
 def _means(sums) -> dict[str, float]:
