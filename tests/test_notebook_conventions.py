@@ -144,7 +144,7 @@ def test_each_exercise_has_its_cells(notebook):
         assert "strict=True" in strict.source and module in strict.source, (
             "the last cell checks the solution with strict=True"
         )
-    assert (REPO / "mdtrain" / "exercises" / f"{module}.py").is_file(), (
+    assert (REPO / "mdtrain_course" / "exercises" / f"{module}.py").is_file(), (
         f"no mdtrain_course/exercises/{module}.py"
     )
     assert (REPO / "tests" / f"test_exercises_{module}.py").is_file(), (
