@@ -49,7 +49,12 @@ CONSTANTS = {
     "8.0",  # compute capability from which GPUs have bfloat16
 }
 #: Per notebook (its two-digit number): definitions its prose states.
-NOTEBOOK_CONSTANTS: dict[str, set[str]] = {}
+NOTEBOOK_CONSTANTS: dict[str, set[str]] = {
+    # Compute capability 7.0, Lite0's published ImageNet top-1, Keras' loss clip (1e-7), and
+    # float16's steps: 0.0005 near 1 (0.9999 rounds to 1.0), nothing below 6e-8.
+    "06": {"7.0", "75 %", "1e-7", "0.0005", "0.9999", "1.0", "6e-8"},
+    "07": {"12.5%"},  # 28 of 32: the plain step's gradient on the partial batch
+}
 
 _NUMBER = r"\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?(?:[eE][-+]?\d+)?"
 _UNIT = r"\s?%|\s?[×x](?![\w×])|\s(?:images/s(?:ec)?|steps/s|ms)\b"
