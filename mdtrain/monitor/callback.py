@@ -250,16 +250,18 @@ class MonitorCallback(keras.callbacks.Callback):
         """The call's global examples and input wait, as measured (lazy), or ``None``."""
         began, now = self._last_wall, time.time()
         self._last_wall = now
-        step = getattr(self.model, "last_step", None)
-        if step is not None:  # mdtrain's ExactTrainer: counted in its own graph
-            return step.batch_size, step.input_wait_s
+        step = getattr(self.model, "last_step", None)  # mdtrain's ExactTrainer, its own graph's
+        examples = step.batch_size if step is not None else None
+        if step is not None and step.input_wait_s is not None:
+            return examples, step.input_wait_s
+        # Else a watched dataset's figure (ExactTrainer keeps no clock under op determinism).
         waited = self._host_wait.take() if self._host_wait is not None else None
         if waited is not None:  # a custom loop's next() on a watched distributed dataset
-            return None, waited
+            return examples, waited
         if self._matcher is not None:  # a watched tf.data dataset: its stamps, read later
             call = self._matcher.call(began, now, self.meter.steps_until(batch))
-            return call.images, call.wait_s
-        return None, None
+            return (examples if examples is not None else call.images), call.wait_s
+        return examples, None
 
     def on_epoch_end(self, epoch, logs=None):
         self.meter.epoch_end()
