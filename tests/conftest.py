@@ -237,3 +237,20 @@ def run_mdtrain(*args: str, timeout: float = 600, env: dict | None = None, cwd=N
         env=full_env,
         cwd=cwd,
     )
+
+
+@pytest.fixture(autouse=True)
+def _collective_keys_of_its_own():
+    """Each test's new `MirroredStrategy` gets collective keys no earlier strategy holds.
+
+    Strategies over the same devices in one process reuse collective keys, and a step of one
+    then aborts on another's shapes ("Shape mismatch in the collective instance 100"), which
+    poisons every later collective in the process (tensorflow/tensorflow#61314). Which modules
+    share a process depends on how the suite is split between workers, so every test starts
+    from a fresh range, as TensorFlow's own tests do. Nothing is imported without TensorFlow.
+    """
+    if "tensorflow" in sys.modules:
+        from mdtrain.compat import fresh_collective_keys
+
+        fresh_collective_keys()
+    yield

@@ -446,13 +446,13 @@ def test_the_probe_passes_a_plain_model_and_leaves_its_state_alone():
 @pytest.mark.slow
 def test_deterministic_refuses_in_one_line_before_training(tiny_dataset, monkeypatch, capsys):
     keras = pytest.importorskip("keras")
-    import mdtrain.models
+    import mdtrain.parts
     from mdtrain.cli import main
 
-    def build_model(name, num_classes, image_size, *args):
+    def build_model(name, num_classes, image_size, *args, **kwargs):
         return _probe_net(keras, _clock(), image_size, num_classes)
 
-    monkeypatch.setattr(mdtrain.models, "build_model", build_model)
+    monkeypatch.setattr(mdtrain.parts, "build_model", build_model)  # where the run calls it
     code = main(["train", "--data", str(tiny_dataset), "--epochs", "1", "--strategy", "cpu:2",
                  "--global-batch-size", "8", "--deterministic", "--monitor", "none"])  # fmt: skip
     out, err = capsys.readouterr()
