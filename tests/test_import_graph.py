@@ -5,7 +5,11 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parent.parent / "mdtrain"
+import mdtrain
+
+# The package as installed: the checkout under an editable install, the wheel's copy in
+# the matrix legs (whose source copy leaves mdtrain/ out).
+PACKAGE = Path(mdtrain.__file__).resolve().parent
 
 
 def _module_name(path: Path) -> str:
