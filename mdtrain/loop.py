@@ -89,7 +89,8 @@ def _compiled_steps(strategy: tf.distribute.Strategy, step_fn, results, timed: b
     """`steps(iterator, limit)`: up to `limit` steps in one graph; returns, as tensors, the steps
     run, their global examples, the seconds waited for input and the metrics' results."""
     # Op determinism refuses tf.timestamp; a Python clock (`graph_clock`) stalled this compiled
-    # loop under determinism on 2 CPU replicas (2026-12-05, not yet understood), so no clock.
+    # loop under determinism on 2 CPU replicas (2026-12-05, not yet understood), so no clock:
+    # there the run's monitor stamps the training batches instead (`parts.segment_loop`).
     clock = tf.timestamp if timed else lambda: tf.constant(0.0, tf.float64)
 
     def fetch(iterator):

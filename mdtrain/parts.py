@@ -20,11 +20,13 @@ import tensorflow as tf
 
 from mdtrain import distribute, precision
 from mdtrain.augment import AugmentPolicy
+from mdtrain.compat import op_determinism_enabled
 from mdtrain.config import TrainConfig
 from mdtrain.data import Splits, load_splits
 from mdtrain.imbalance import class_weights_for
 from mdtrain.loop import ExactTrainer
 from mdtrain.models import build_model
+from mdtrain.monitor import MonitorCallback, make_monitor
 from mdtrain.phases import PhaseClock
 from mdtrain.pipeline import InputData
 from mdtrain.ps.loop import cluster_size
@@ -43,6 +45,7 @@ class RunParts:
     inputs: InputData  # the splits, batched for the strategy's replicas
     trainer: ExactTrainer  # built in the strategy's scope, not compiled yet
     precision: str  # the Keras dtype policy the model computes in
+    monitor: MonitorCallback  # one for all the run's segments; it shows on the chief only
     loop: SegmentLoop
     fingerprint: dict  # what gives a backup's position its meaning (`mdtrain.backup`)
 
@@ -75,6 +78,7 @@ def set_up(config: TrainConfig, clock: PhaseClock) -> RunParts:
     with clock.phase("model"):
         augment = inputs.augment if inputs.augment_in == "model" else None
         trainer, policy = model_and_trainer(config, strategy, inputs.splits, augment, say)
+    monitor = run_monitor(config, inputs, chief)
     return RunParts(
         strategy=strategy,
         chief=chief,
@@ -83,7 +87,8 @@ def set_up(config: TrainConfig, clock: PhaseClock) -> RunParts:
         inputs=inputs,
         trainer=trainer,
         precision=policy,
-        loop=segment_loop(config, strategy, trainer, inputs, verbose, say),
+        monitor=monitor,
+        loop=segment_loop(config, strategy, trainer, inputs, monitor, verbose, say),
         fingerprint=fingerprint(config.model, config.seed, inputs),
     )
 
@@ -209,15 +214,30 @@ def model_and_trainer(
     return trainer, policy
 
 
+def run_monitor(config: TrainConfig, inputs: InputData, chief: bool) -> MonitorCallback:
+    """The run's monitor: one for all its segments; it shows on the chief only."""
+    return make_monitor(
+        inputs.global_batch_size,
+        epochs=config.epochs + config.fine_tune_epochs,
+        steps_per_epoch=inputs.steps_per_epoch,
+        display=config.monitor if chief else "none",
+        augments_on_device=config.augment_place == "model",
+    )
+
+
 def segment_loop(
     config: TrainConfig,
     strategy: tf.distribute.Strategy,
     trainer: ExactTrainer,
     inputs: InputData,
+    monitor: MonitorCallback,
     verbose: int,
     say: Callable[[str], None],
 ) -> SegmentLoop:
     """The loop for `strategy`: `config.loop` where it can run, else the one that can."""
+    # ExactTrainer's graph keeps no clock under op determinism (`mdtrain.loop._compiled_steps`):
+    # there the monitor times the input wait from stamps on the training batches instead.
+    watch = monitor.watch if op_determinism_enabled() else None
     if isinstance(strategy, tf.distribute.ParameterServerStrategy):
         # The coordinator's loop: Keras 3's fit cannot (keras-team/keras#18624).
         loop = ParameterServerLoop(
@@ -229,10 +249,10 @@ def segment_loop(
         # Keras 3's fit reduces a sample batch across workers before training and fails
         # under this strategy (keras-team/keras#20585); the custom loop has the same numerics.
         say("multi-worker: using the custom training loop (Keras 3's fit fails here)")
-        return CustomLoop(trainer, strategy, inputs, verbose)
+        return CustomLoop(trainer, strategy, inputs, verbose, watch)
     if config.loop == "fit":
-        return FitLoop(trainer, inputs, verbose)
-    return CustomLoop(trainer, strategy, inputs, verbose)
+        return FitLoop(trainer, inputs, verbose, watch)
+    return CustomLoop(trainer, strategy, inputs, verbose, watch)
 
 
 def fingerprint(model: str, seed: int, inputs: InputData) -> dict:

@@ -338,7 +338,9 @@ class InputData:
         ds = self._batches(self._val_source, self.num_val, decoded, None, context)
         return _set_options(ds.prefetch(AUTOTUNE), self.deterministic)
 
-    def for_strategy(self, strategy, first_epoch: int, last_epoch: int, skip_steps: int = 0):
+    def for_strategy(
+        self, strategy, first_epoch: int, last_epoch: int, skip_steps: int = 0, watch=None
+    ):
         """`(train, val)` as `custom_fit` takes them under `strategy`; see `train_epochs`.
 
         Under `MultiWorkerMirroredStrategy` each worker decodes and augments only its
@@ -349,16 +351,24 @@ class InputData:
         Args:
             strategy: the run's `tf.distribute.Strategy`.
             first_epoch, last_epoch, skip_steps: as in `train_epochs`.
+            watch: `MonitorCallback.watch`, to stamp the training batches (each
+                worker's, under several workers). Defaults to None: not stamped.
 
         Returns:
             `(train, val)`: distributed datasets under several workers, else the
             global batches; `val` None without validation images.
         """
+        if watch is None:
+            watch = lambda dataset, elements_per_step=1: dataset  # noqa: E731
         if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
-            return self.train_epochs(first_epoch, last_epoch, skip_steps), self.val_ds
-        train = strategy.distribute_datasets_from_function(
-            lambda context: self.train_epochs(first_epoch, last_epoch, skip_steps, context)
-        )
+            train = watch(self.train_epochs(first_epoch, last_epoch, skip_steps))
+            return train, self.val_ds
+
+        def worker_batches(context):  # one element per local replica and step
+            batches = self.train_epochs(first_epoch, last_epoch, skip_steps, context)
+            return watch(batches, _local(context))
+
+        train = strategy.distribute_datasets_from_function(worker_batches)
         if self.val_ds is None:
             return train, None
         return train, strategy.distribute_datasets_from_function(self._val_batches)

@@ -11,6 +11,7 @@ returns that segment's history rows in a `SegmentRun`. The controller
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -24,6 +25,8 @@ from mdtrain.plan import Segment
 from mdtrain.ps.loop import coordinator_fit, worker_dataset_fn
 
 LearningRate = float | keras.optimizers.schedules.LearningRateSchedule
+# `MonitorCallback.watch`: the training batches stamped for the monitor (`mdtrain.monitor.watch`).
+Watch = Callable[..., tf.data.Dataset]
 
 
 @dataclass(frozen=True)
@@ -65,6 +68,7 @@ class FitLoop:
     trainer: ExactTrainer
     inputs: InputData
     verbose: int = 2
+    watch: Watch | None = None  # stamps the training batches, where the trainer keeps no clock
 
     def learning_rate(self, segment: Segment) -> LearningRate:
         return segment.schedule()
@@ -72,6 +76,8 @@ class FitLoop:
     def __call__(self, segment: Segment, callbacks: list) -> SegmentRun:
         inputs = self.inputs
         train_ds = inputs.train_epochs(segment.first_epoch, segment.last_epoch, segment.skip_steps)
+        if self.watch is not None:
+            train_ds = self.watch(train_ds)
         history = self.trainer.fit(
             train_ds,
             validation_data=inputs.val_ds,
@@ -89,13 +95,14 @@ class CustomLoop:
     strategy: tf.distribute.Strategy
     inputs: InputData
     verbose: int = 2
+    watch: Watch | None = None  # stamps the training batches, where the trainer keeps no clock
 
     def learning_rate(self, segment: Segment) -> LearningRate:
         return segment.schedule()
 
     def __call__(self, segment: Segment, callbacks: list) -> SegmentRun:
         epochs = (segment.first_epoch, segment.last_epoch, segment.skip_steps)
-        train_ds, val_ds = self.inputs.for_strategy(self.strategy, *epochs)
+        train_ds, val_ds = self.inputs.for_strategy(self.strategy, *epochs, watch=self.watch)
         history = custom_fit(
             self.trainer,
             self.strategy,

@@ -126,7 +126,7 @@ def train(config: TrainConfig, callbacks: list | None = None) -> TrainResult:
         parts = set_up(config, clock)
         with clock.phase("restore"):
             point, segments = _resume(config, parts)
-        monitor = _make_monitor(config, parts)
+        monitor = parts.monitor
         callbacks = [*(callbacks or []), *_heartbeat(parts), monitor]
         with monitor.run():  # one run's figures across phases and resume segments
             history, ps_log = _run_segments(config, parts, point, segments, callbacks, clock)
@@ -167,19 +167,6 @@ def _resume(config: TrainConfig, parts: RunParts) -> tuple[ResumePoint, list[Seg
                 unfreeze_top(parts.trainer.net)
         restore(parts.trainer, point, with_optimizer=False)
     return point, segments
-
-
-def _make_monitor(config: TrainConfig, parts: RunParts) -> MonitorCallback:
-    """The run's monitor: one for all its segments; it shows on the chief only."""
-    from mdtrain.monitor import make_monitor
-
-    return make_monitor(
-        parts.inputs.global_batch_size,
-        epochs=config.epochs + config.fine_tune_epochs,
-        steps_per_epoch=parts.inputs.steps_per_epoch,
-        display=config.monitor if parts.chief else "none",
-        augments_on_device=config.augment_place == "model",
-    )
 
 
 def _heartbeat(parts: RunParts) -> list:

@@ -82,6 +82,18 @@ def test_watch_hands_out_the_same_elements_and_cardinality():
     assert rows == [4, 4, 2]
 
 
+def test_a_worker_feeding_several_replicas_is_stamped_once_a_step():
+    """`distribute_datasets_from_function` hands each local replica its own element: with 2
+    replicas a step's batch is there when its second element is, numbered as the step."""
+    monitor = make_monitor(BATCH, display="none")
+    ds = tf.data.Dataset.range(12).batch(2)  # 6 elements: 3 steps of 2 replicas
+    assert [len(batch) for batch in monitor.watch(ds, elements_per_step=2)] == [2] * 6
+    stamps = monitor._stamps.drain()
+    assert [stamp.index for stamp in stamps] == [0, 1, 2]
+    assert [stamp.images for stamp in stamps] == [2, 2, 2]  # the last replica's slice
+    assert [stamp.got for stamp in stamps] == sorted(stamp.got for stamp in stamps)
+
+
 def test_watch_refuses_what_it_cannot_watch():
     with pytest.raises(TypeError, match="tf.data.Dataset"):
         make_monitor(BATCH, display="none").watch([1, 2, 3])

@@ -7,6 +7,7 @@ subprocesses on tiny data, bounded by timeouts.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -95,6 +96,19 @@ def test_two_workers_match_one_process_with_two_replicas(two_workers, tmp_path_f
         reference_run(tmp_path_factory), work / "out" / "model.keras"
     )
     assert difference == 0.0  # bit for bit, per-replica BatchNormalization included
+
+
+def test_deterministic_runs_measure_their_input_wait(two_workers, tmp_path_factory):
+    """Op determinism refuses tf.timestamp, so ExactTrainer's graph keeps no clock: the run's
+    monitor stamps the training batches instead (`mdtrain.parts.segment_loop`), under
+    several workers (each its own pipeline) and in one process with 2 replicas."""
+    proc, work, _ = two_workers
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    reference = reference_run(tmp_path_factory).parent
+    for report in (work / "out" / "report.json", reference / "report.json"):
+        monitor = json.loads(report.read_text())["monitor"]
+        assert monitor["input_wait_share"] is not None, (report, monitor)
+        assert not monitor["verdict"].startswith("unknown"), (report, monitor["verdict"])
 
 
 def _worker_pid(launcher: subprocess.Popen, index: int) -> int | None:

@@ -120,7 +120,7 @@ class MonitorCallback(keras.callbacks.Callback):
         self._last_wall = time.time()  # wall clock of the last call's end, for the stamps
         self._allocator_peaks: tuple[tuple[str, int], ...] = ()  # the run's, once it ended
 
-    def watch(self, dataset):
+    def watch(self, dataset, elements_per_step: int = 1):
         """The dataset to train on in its place, so that the monitor measures the input wait.
 
         A `tf.data.Dataset` comes back as one with the same elements, each
@@ -134,6 +134,10 @@ class MonitorCallback(keras.callbacks.Callback):
 
         Args:
             dataset: The training `tf.data.Dataset`, or a distributed one.
+            elements_per_step: Elements of a `tf.data.Dataset` that make one
+                step: 1 (a global batch, the default), or the worker's replicas
+                in a dataset function of `distribute_datasets_from_function`,
+                which hands each replica its own element.
 
         Returns:
             The same kind of dataset, to use in ``dataset``'s place.
@@ -155,7 +159,7 @@ class MonitorCallback(keras.callbacks.Callback):
         if self._stamps is None:
             self._stamps, self._host_wait = StampQueue(), HostWait()
             self._matcher = StampMatcher(self._stamps.drain)
-        return watched(dataset, self._stamps, self._host_wait)
+        return watched(dataset, self._stamps, self._host_wait, elements_per_step)
 
     # Progress figures: the constructor wins, else what fit()/CallbackList passed.
     @property

@@ -58,13 +58,27 @@ class StampQueue:
                 -1, [tf.int64, tf.float64, tf.int32], shapes=[[], [], []]
             )
 
-    def stamp_dataset(self, dataset: tf.data.Dataset) -> tf.data.Dataset:
-        """``dataset``'s elements, unchanged, each stamped into this queue as it is handed out."""
+    def stamp_dataset(
+        self, dataset: tf.data.Dataset, elements_per_step: int = 1
+    ) -> tf.data.Dataset:
+        """``dataset``'s elements, unchanged, stamped into this queue as they are handed out.
+
+        With ``elements_per_step`` k > 1 (a worker's pipeline feeding k
+        replicas, one element each), only the last element of each step's k
+        is stamped: the step can start once it is there.
+        """
         clock = graph_clock()
+
+        def stamp(index, rows):
+            return self._queue.enqueue((index // elements_per_step, clock(), rows))
 
         def record(index, element):
             rows = _rows(tf.nest.flatten(element)[0])
-            stamped = self._queue.enqueue((index, clock(), rows))
+            if elements_per_step == 1:
+                stamped = stamp(index, rows)
+            else:
+                last = index % elements_per_step == elements_per_step - 1
+                stamped = tf.cond(last, lambda: stamp(index, rows), tf.no_op)
             with tf.control_dependencies([stamped]):  # the element waits for its stamp
                 return tf.nest.map_structure(tf.identity, element)
 
@@ -147,10 +161,10 @@ class WatchedDistributedDataset:
         return getattr(self._dataset, name)  # element_spec, reduce, ... unchanged
 
 
-def watched(dataset, stamps: StampQueue, wait: HostWait):
+def watched(dataset, stamps: StampQueue, wait: HostWait, elements_per_step: int = 1):
     """``dataset`` (tf.data or distributed) watched as `MonitorCallback.watch` says."""
     if isinstance(dataset, tf.data.Dataset):
-        return stamps.stamp_dataset(dataset)
+        return stamps.stamp_dataset(dataset, elements_per_step)
     if isinstance(dataset, tf.distribute.DistributedDataset):
         return WatchedDistributedDataset(dataset, wait)
     raise TypeError(
