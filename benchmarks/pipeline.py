@@ -9,7 +9,7 @@ shuffle buffer or a cache that must fill before the first batch is part of
 the time, as it is in training. One untimed epoch right before a variant's
 first timing compiles, fills caches and warms the page cache; the repeats are
 interleaved (so a change in machine load hits every variant alike), median and
-spread kept (`mdtrain.time_epochs`), and the ratios taken repeat by repeat.
+spread kept (`mdtrain_course.timing.time_epochs`), and the ratios taken repeat by repeat.
 
 Usage, from the repository root (`benchmarks/run.sh` writes the committed
 `benchmarks/pipeline.json` and `pipeline.png` this way):
@@ -32,7 +32,8 @@ from typing import TYPE_CHECKING
 from _common import bench_data, check_positive, machine_info, run_main, write_result
 
 from mdtrain.errors import UsageError
-from mdtrain.timing import time_epochs
+from mdtrain_course.image_data_generator import image_data_generator_kwargs
+from mdtrain_course.timing import time_epochs
 
 if TYPE_CHECKING:  # TensorFlow is imported where it is used: `--help` stays light
     import keras
@@ -224,7 +225,7 @@ def image_data_generator(
     """
     import tensorflow as tf
 
-    kwargs = policy.image_data_generator_kwargs() if policy is not None else {}
+    kwargs = image_data_generator_kwargs(policy) if policy is not None else {}
     generator = tf.keras.preprocessing.image.ImageDataGenerator(**kwargs)
     return generator.flow_from_directory(
         str(directory),

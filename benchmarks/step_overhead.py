@@ -144,8 +144,9 @@ def _timed_call(name: str, model, strategy, dataset, steps: int | None) -> list[
     clock = _clock()
     wall, cpu = time.perf_counter(), time.process_time()
     options = dict(epochs=1, steps_per_epoch=steps, verbose=0, callbacks=[clock])
-    if "custom" in name:
-        custom_fit(model, strategy, dataset, **options)
+    if "custom" in name:  # custom_fit is told an epoch's steps: a finite dataset's length
+        length = steps if steps is not None else int(dataset.cardinality())
+        custom_fit(model, strategy, dataset, **(options | dict(steps_per_epoch=length)))
     else:
         model.fit(dataset, shuffle=False, **options)
     # Until `on_train_end`: `fit` makes its iterator inside its epoch, `custom_fit` before its

@@ -58,7 +58,6 @@ _EXPORTS = {
     "AugmentPolicy": "mdtrain.augment",
     "augment_batch": "mdtrain.augment",
     "FusedAugmentation": "mdtrain.augment_layer",
-    "time_epochs": "mdtrain.timing",
     # devices and strategies
     "configure_devices": "mdtrain.distribute",
     "make_strategy": "mdtrain.distribute",

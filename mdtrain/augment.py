@@ -85,23 +85,6 @@ class AugmentPolicy:
         """Whether the policy leaves every image as it is."""
         return not self.has_geometry and not self.has_colour
 
-    def image_data_generator_kwargs(self) -> dict:
-        """The same policy as keyword arguments of `ImageDataGenerator`.
-
-        `ImageDataGenerator` has no contrast option: a policy with contrast
-        gives the generator everything else.
-        """
-        kwargs = dict(
-            horizontal_flip=self.horizontal_flip,
-            rotation_range=self.rotation_degrees,
-            zoom_range=self.zoom,
-            fill_mode=self.fill_mode,
-            interpolation_order=1 if self.interpolation == "bilinear" else 0,
-        )
-        if self.brightness is not None:
-            kwargs["brightness_range"] = self.brightness
-        return kwargs
-
 
 @_as_written
 def sample_transforms(batch_size, policy: AugmentPolicy, seed) -> dict[str, tf.Tensor]:

@@ -4,6 +4,10 @@
   per replica, learning curves, images/s against replicas).
 - `mdtrain_course.exercises`: the checks of the notebooks' exercises, one
   module per notebook (`mdtrain_course.exercises.nb01`, ...).
+- `mdtrain_course.timing`: `time_epochs`, the pipelines' images/s over whole
+  epochs, repeats interleaved (notebooks 01 and 02, `benchmarks/pipeline.py`).
+- `mdtrain_course.image_data_generator`: mdtrain's `AugmentPolicy` as
+  `ImageDataGenerator`'s arguments, for the lessons' like-with-like comparison.
 
 The library (`import mdtrain`) never imports this package; it imports the
 library. It is kept apart so that the library stays the library: what a

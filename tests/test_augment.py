@@ -14,12 +14,13 @@ from mdtrain.augment import (
     pack_transforms,
     sample_transforms,
 )
+from mdtrain_course.image_data_generator import image_data_generator_kwargs
 
 POLICY = AugmentPolicy()
 
 
 def _idg():
-    return tf.keras.preprocessing.image.ImageDataGenerator(**POLICY.image_data_generator_kwargs())
+    return tf.keras.preprocessing.image.ImageDataGenerator(**image_data_generator_kwargs(POLICY))
 
 
 def _smooth_images(n: int, size: int) -> np.ndarray:
@@ -133,7 +134,7 @@ def test_colour_draws_follow_the_policy_and_leave_geometry_unchanged():
 def test_brightness_is_drawn_with_image_data_generator_meaning():
     n = 2000
     ours = sample_transforms(n, COLOUR, tf.constant([4, 4]))["brightness"].numpy()
-    idg = tf.keras.preprocessing.image.ImageDataGenerator(**COLOUR.image_data_generator_kwargs())
+    idg = tf.keras.preprocessing.image.ImageDataGenerator(**image_data_generator_kwargs(COLOUR))
     theirs = [idg.get_random_transform((8, 8, 3), seed=i)["brightness"] for i in range(n)]
     assert stats.ks_2samp(ours, theirs).pvalue > 1e-3
 
@@ -167,7 +168,7 @@ def test_nearest_sampling_equals_idg_interpolation_order_0(kernel):
     params = sample_transforms(3, policy, tf.constant([8, 1]))
     ours = apply_packed(tf.constant(images), policy, pack_transforms(params, 24, 24), kernel)
     ours = ours.numpy()
-    idg = tf.keras.preprocessing.image.ImageDataGenerator(**policy.image_data_generator_kwargs())
+    idg = tf.keras.preprocessing.image.ImageDataGenerator(**image_data_generator_kwargs(policy))
     for i in range(3):
         expected = idg.apply_transform(images[i], {
             "theta": float(np.degrees(params["theta"][i])), "zx": float(params["zx"][i]),

@@ -66,7 +66,7 @@ def test_pipeline_benchmark_writes_what_the_readme_quotes(data, tmp_path):
 
 
 def test_every_timing_counts_one_epoch_of_images(data, monkeypatch):
-    import mdtrain.timing
+    import mdtrain_course.timing
 
     class Clock:  # one tick per reading: a timing's rate is the images it counted
         ticks = itertools.count()
@@ -75,9 +75,9 @@ def test_every_timing_counts_one_epoch_of_images(data, monkeypatch):
         def perf_counter(cls):
             return float(next(cls.ticks))
 
-    monkeypatch.setattr(mdtrain.timing, "time", Clock)
+    monkeypatch.setattr(mdtrain_course.timing, "time", Clock)
     pipelines, warmups, steps, images = pipeline._pipeline_variants(data, 32, 16)
-    counted = mdtrain.timing.time_epochs(pipelines, 2, batches=steps, warmup=warmups)
+    counted = mdtrain_course.timing.time_epochs(pipelines, 2, batches=steps, warmup=warmups)
     # The generator too: any 4 batches in a row of its endless stream hold the 50 images.
     assert {name: c["runs"] for name, c in counted.items()} == {
         name: [images, images] for name in pipeline.PIPELINE_KEYS
@@ -223,6 +223,22 @@ def test_step_overhead_ratios_are_taken_call_by_call_and_failures_kept():
     before = summary["before/default/finite/exact_fit"]
     assert before["vs_keras_fit"] == 0.5  # against its own process's Keras, call by call
     assert before["steady_vs_keras_fit"] == 0.5
+
+
+@pytest.mark.slow
+def test_step_overhead_measures_every_default_variant_on_both_datasets(tmp_path):
+    """One real round, tiny: every variant trains on the finite and the repeated dataset."""
+    output = tmp_path / "step_overhead.json"
+    args = ["--steps", "16", "--repeats", "1", "--calls", "1", "--output", str(output)]
+    done = subprocess.run([sys.executable, str(BENCHMARKS / "step_overhead.py"), *args],
+                          capture_output=True, text=True, timeout=900)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    variants = json.loads(output.read_text())["variants"]
+    for dataset in ("finite", "repeated"):
+        for name in step_overhead.DEFAULT_VARIANTS:
+            entry = variants[f"default/{dataset}/{name}"]
+            assert "error" not in entry, (dataset, name, entry)
+            assert entry["calls"] == 1 and entry["steps_per_sec"] > 0 and entry["vs_keras_fit"] > 0
 
 
 @pytest.mark.parametrize(

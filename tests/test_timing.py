@@ -1,4 +1,4 @@
-"""`mdtrain.timing.time_epochs`: fresh whole epochs, warm-ups, repeats interleaved."""
+"""`mdtrain_course.timing.time_epochs`: fresh whole epochs, warm-ups, repeats interleaved."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from mdtrain.timing import time_epochs
+from mdtrain_course.timing import time_epochs
 
 
 class Epochs:

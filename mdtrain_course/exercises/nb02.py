@@ -119,7 +119,7 @@ def compare_with(ds, baseline, *, batches: int, repeats: int = 1) -> dict[str, f
     nb02.compare_with(fast_ds, idg_batches, batches=10)
     ```
     """
-    from mdtrain.timing import time_epochs
+    from mdtrain_course.timing import time_epochs
 
     timings = time_epochs({"yours": ds, "baseline": baseline}, repeats=repeats, batches=batches)
     rates = {name: timing["median"] for name, timing in timings.items()}

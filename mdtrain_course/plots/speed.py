@@ -19,7 +19,7 @@ def throughput_bars(timings: Mapping[str, Mapping[str, float]], title: str | Non
 
     Args:
         timings: `{name: {"median", "min", "max"}}` in images per second, as
-            `mdtrain.time_epochs` returns; a whisker spans min to max.
+            `mdtrain_course.timing.time_epochs` returns; a whisker spans min to max.
         title: figure title. Defaults to None.
 
     Returns:
