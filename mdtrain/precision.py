@@ -98,6 +98,11 @@ def check_deterministic(strategy, net, image_size: int, variables) -> None:
     state = [
         variable.numpy() for variable in net.non_trainable_variables
     ]  # BatchNorm statistics, RNG
+    logger = tf.get_logger()
+    level = logger.level
+    # Eagerly (a graph's error names the op less plainly): silence MirroredStrategy's warning
+    # on stderr that running eagerly costs more, true of training and not of this one probe.
+    logger.setLevel("ERROR")
     try:
         strategy.run(gradient)
     except tf.errors.OpError as error:
@@ -112,6 +117,7 @@ def check_deterministic(strategy, net, image_size: int, variables) -> None:
             f"({error.message.strip().splitlines()[0]}); drop --deterministic or use another model"
         ) from None
     finally:
+        logger.setLevel(level)
         for variable, value in zip(net.non_trainable_variables, state, strict=True):
             variable.assign(value)
 
