@@ -300,6 +300,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 
 def _check(args: argparse.Namespace) -> None:
     check_positive(steps=args.steps, repeats=args.repeats, calls=args.calls)
+    if args.steps < 2 * SPE:  # the steady state runs from the first call's end to the last's
+        raise UsageError(f"--steps {args.steps}: at least {2 * SPE}, two calls of {SPE} steps")
     for name, choices in (("variants", VARIANTS), ("settings", SETTINGS)):
         unknown = set(getattr(args, name).split(",")) - set(choices)
         if unknown:

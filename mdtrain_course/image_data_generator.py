@@ -6,7 +6,10 @@ comparison of speed is one of like with like.
 
 from __future__ import annotations
 
-from mdtrain.augment import AugmentPolicy
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # mdtrain.augment imports TensorFlow; a script's --help should not wait for it
+    from mdtrain.augment import AugmentPolicy
 
 
 def image_data_generator_kwargs(policy: AugmentPolicy) -> dict:

@@ -229,7 +229,7 @@ def test_step_overhead_ratios_are_taken_call_by_call_and_failures_kept():
 def test_step_overhead_measures_every_default_variant_on_both_datasets(tmp_path):
     """One real round, tiny: every variant trains on the finite and the repeated dataset."""
     output = tmp_path / "step_overhead.json"
-    args = ["--steps", "16", "--repeats", "1", "--calls", "1", "--output", str(output)]
+    args = ["--steps", "32", "--repeats", "1", "--calls", "1", "--output", str(output)]
     done = subprocess.run([sys.executable, str(BENCHMARKS / "step_overhead.py"), *args],
                           capture_output=True, text=True, timeout=900)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
@@ -245,6 +245,7 @@ def test_step_overhead_measures_every_default_variant_on_both_datasets(tmp_path)
     "args, fragment",
     [(["--steps", "0"], "must be a positive integer"),
      (["--calls", "-1"], "must be a positive integer"),
+     (["--steps", "16"], "--steps 16: at least 32"),
      (["--settings", "default,fast"], "--settings fast: choose from"),
      (["--variants", "exact_fit"], "must hold keras_fit")],
 )  # fmt: skip
