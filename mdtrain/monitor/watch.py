@@ -25,7 +25,14 @@ Two ways, one per place the wait happens:
 Under op determinism (`tf.config.experimental.enable_op_determinism`)
 TensorFlow refuses `tf.timestamp` ("Timestamp cannot be called when
 determinism is enabled"), so the stamp's clock is then Python's
-(`mdtrain.clock.graph_clock`).
+(`mdtrain.clock.graph_clock`). TensorFlow 2.21 then logs one line on stderr,
+"NodeDef mentions attribute use_unbounded_threadpool which is not in the op
+definition", wherever the stamps follow a parallel map: the message of a
+tf.data graph rewrite, with no effect seen on the elements or their speed.
+Minimal reproduction, no upstream issue found: under
+`enable_op_determinism()`, iterate
+``Dataset.range(40).map(f, num_parallel_calls=2).map(g)`` where ``g`` calls a
+stateful `tf.numpy_function`.
 """
 
 from __future__ import annotations
