@@ -190,10 +190,11 @@ def test_images_per_sec_is_images_over_the_epochs_less_compiling(strategy):
     summary = monitor.summary()
     images = 16 * BATCH
     # The first call takes as long as the other epochs' first calls (which make their
-    # iterators); the rest of its time is compiling.
-    compiling = outer.first_calls[0] - statistics.median(outer.first_calls[1:])
+    # iterators); the rest of its time is compiling, never less than none (on a loaded
+    # machine a later epoch's iterator can take longer than the first call's tracing).
+    compiling = max(0.0, outer.first_calls[0] - statistics.median(outer.first_calls[1:]))
     assert summary.steps == 64 and summary.left_out_steps == 1
-    assert summary.left_out_s == pytest.approx(compiling, rel=0.02)
+    assert summary.left_out_s == pytest.approx(compiling, rel=0.02, abs=0.002)
     timed = sum(outer.epochs) - compiling
     assert summary.images_per_sec == pytest.approx(4 * images / timed, rel=0.02)
     for outside, figures in zip(outer.epochs[1:], epoch_figures[1:], strict=True):
