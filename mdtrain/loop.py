@@ -290,6 +290,12 @@ class ExactTrainer(ExactFitHooks, keras.Model):
         images, labels, transforms, weights, count = pad_empty_slice(*data)  # never 0 for XLA
         return apply_packed(images, self.augment, transforms), labels, weights, count
 
+    @property
+    def times_input_wait(self) -> bool:
+        """Whether steps compiled now time their input wait: not under op determinism, which
+        refuses `tf.timestamp` (`_compiled_steps`); there a watched dataset gives the wait."""
+        return not op_determinism_enabled()
+
     def train_steps(self, iterator, steps: int | None = None) -> dict:
         """Trains on up to `steps` distributed batches from `iterator`, in one call.
 
@@ -305,7 +311,7 @@ class ExactTrainer(ExactFitHooks, keras.Model):
         """
         if self._steps is None:
             build_optimizer(self)
-            self._timed = not op_determinism_enabled()
+            self._timed = self.times_input_wait  # as the steps are traced
             self._steps = _compiled_steps(
                 self.distribute_strategy,
                 self._counted_train_step,

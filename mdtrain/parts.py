@@ -20,7 +20,6 @@ import tensorflow as tf
 
 from mdtrain import distribute, precision
 from mdtrain.augment import AugmentPolicy
-from mdtrain.compat import op_determinism_enabled
 from mdtrain.config import TrainConfig
 from mdtrain.data import Splits, load_splits
 from mdtrain.imbalance import class_weights_for
@@ -235,9 +234,9 @@ def segment_loop(
     say: Callable[[str], None],
 ) -> SegmentLoop:
     """The loop for `strategy`: `config.loop` where it can run, else the one that can."""
-    # ExactTrainer's graph keeps no clock under op determinism (`mdtrain.loop._compiled_steps`):
-    # there the monitor times the input wait from stamps on the training batches instead.
-    watch = monitor.watch if op_determinism_enabled() else None
+    # Where the trainer's steps keep no clock (op determinism), the monitor times the input
+    # wait from stamps on the training batches instead.
+    watch = None if trainer.times_input_wait else monitor.watch
     if isinstance(strategy, tf.distribute.ParameterServerStrategy):
         # The coordinator's loop: Keras 3's fit cannot (keras-team/keras#18624).
         loop = ParameterServerLoop(

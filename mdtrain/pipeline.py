@@ -358,8 +358,7 @@ class InputData:
             `(train, val)`: distributed datasets under several workers, else the
             global batches; `val` None without validation images.
         """
-        if watch is None:
-            watch = lambda dataset, elements_per_step=1: dataset  # noqa: E731
+        watch = watch or _unwatched
         if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
             train = watch(self.train_epochs(first_epoch, last_epoch, skip_steps))
             return train, self.val_ds
@@ -372,6 +371,11 @@ class InputData:
         if self.val_ds is None:
             return train, None
         return train, strategy.distribute_datasets_from_function(self._val_batches)
+
+
+def _unwatched(dataset: tf.data.Dataset, elements_per_step: int = 1) -> tf.data.Dataset:
+    """`MonitorCallback.watch`'s stand-in where nothing is watched: ``dataset`` as it is."""
+    return dataset
 
 
 def _local(context) -> int:
