@@ -6,27 +6,11 @@ only at epoch starts, running a mid-epoch save's epoch again on updated weights;
 with `double_checkpoint=True` it silently falls back to an older checkpoint; and
 by default it deletes its backup after every `fit`, losing it between phases.
 
-The variables go through `tf.train.Checkpoint` and `tf.train.CheckpointManager`:
-they are matched by their names in the object graph, TensorFlow checks each
-tensor's shape and CRC32C on the way back, and the manager writes each checkpoint
-atomically and keeps the newest two. Layout of `backup_dir`:
-
-    mdtrain-ckpt-37.index            a checkpoint (numbered by the run's global step:
-    mdtrain-ckpt-37.data-00000-of-00001   epoch x steps per epoch + step), holding
-                                     net/...        the network (BatchNorm statistics too)
-                                     optimizer/...  the optimizer's variables
-                                     rng/...        dropout seed states, by layer name
-                                     metrics/...    the training metrics' sums and counts
-    mdtrain-ckpt-40.index, ...       the newer one, if any
-    checkpoint                       the manager's list of its checkpoints
-    mdtrain-backup.json              the manifest: the checkpoint it stands for, the
-                                     position (epoch, step, phase), the settings'
-                                     fingerprint and the history so far
-
-The manifest is written after its checkpoint is complete, through a temporary file
-and `os.replace`; the manager keeps the checkpoint before, so a run killed between
-the two resumes from the pair the manifest names. What is deleted and the
-multi-worker rules: docs/multi-worker.md (backups); exact resume: docs/numerics.md.
+A backup is a `tf.train.Checkpoint` written by a `tf.train.CheckpointManager`
+(variables by name, atomic writes, the newest two kept) and mdtrain's manifest
+beside it, written after its checkpoint. The folder's layout, what is deleted
+and the multi-worker rules: docs/multi-worker.md, "Fault tolerance"; exact
+resume: docs/numerics.md.
 """
 
 from __future__ import annotations

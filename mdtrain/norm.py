@@ -1,26 +1,9 @@
 """Batch normalization whose statistics are those of the whole global batch.
 
-Keras' `BatchNormalization` normalises each replica's slice on its own.
-Here each channel's count, sum and sum of squares travel in ONE all-reduce
-(its gradient is one more: TensorFlow all-reduces the gradient of an
-all-reduce), so the forward pass, its gradient and the moving statistics are
-one device's, up to the order of float additions.
-
-Two details make it exact where Keras' `synchronized=True` is not:
-- the sums are of `x - K`, K the layer's moving mean (the same on every
-  replica): E[(x-K)²] - E[x-K]² is the variance for any K, and float32 keeps
-  its digits while `(mean - K) / std` stays well below 100 (K = 0, Keras'
-  E[x²] - E[x]², loses them for a large mean);
-- examples of weight 0 do not count. A replica whose slice of a partial batch
-  is empty trains on one all-zero dummy example (`mdtrain.loop.pad_empty_slice`);
-  `example_weights` tells every layer of the forward pass to leave it out.
-
-The `batch_norm` choice (`build_model`, `mdtrain train --batch-norm`), in
-all-reduces per layer and training step on N > 1 replicas: `exact`, this layer,
-2 (1 forward), N replicas ≡ 1 with partial batches and empty slices;
-`synchronized`, Keras' layer with `synchronized=True`, 6 (3 forward), global
-statistics but unshifted, an empty slice's dummy example counted; `local`,
-Keras' layer, 0, each replica's own statistics (N replicas train otherwise).
+Each channel's count, sum and sum of squares of ``x - K`` (K the moving mean)
+travel in one all-reduce, and examples of weight 0 (an empty slice's dummy)
+do not count, so N replicas train like one device. Why the shift, and how the
+three `--batch-norm` choices compare: docs/numerics.md, "Batch normalization".
 """
 
 from __future__ import annotations

@@ -1,28 +1,8 @@
 """Where a run's wall time goes: the seconds of each of its phases, measured.
 
 `mdtrain.training.train` times its phases on one clock (`time.perf_counter`)
-and reports them in `TrainResult.phases`, the `--json` line and report.json:
-
-- `import`: TensorFlow, Keras and mdtrain's modules that use them (near 0
-  when they are imported already, as in a notebook's second run); the
-  interpreter's own start and `import mdtrain` (no TensorFlow) come before
-  `train` and are not counted;
-- `devices`: the devices configured and the strategy made;
-- `data_scan`: the image files found, checked (each decoded once) and split,
-  and the input pipeline built;
-- `model`: the model built in the strategy's scope;
-- `restore`: the backup found and loaded (near 0 without one);
-- `first_step`: each segment's first call of the compiled steps, from its
-  start: its datasets made, the step traced and compiled, its first batches
-  decoded, and its `steps_per_execution` steps;
-- `training`: the other steps, epoch boundaries and backups included;
-- `validation`: the validation passes (the first one traces its step);
-- `outputs`: `model.keras`, `history.json` and the monitor's chart written
-  (report.json, written last, holds this figure).
-
-Decoding and caching the images is no phase of its own: the first epoch
-decodes and fills the cache while it trains, so its cost is inside
-`first_step` and `training`, where the monitor's input wait shows it.
+and reports them in `TrainResult.phases`, the `--json` line and report.json.
+What each phase holds: docs/figures.md, "The run's phases".
 """
 
 from __future__ import annotations

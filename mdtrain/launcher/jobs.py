@@ -96,7 +96,7 @@ def run_workers(
     and are appended to `log_dir/worker-i.log` under a `=== attempt k ===` header.
     A worker that exits non-zero stops the others; while restarts are left all
     start again on fresh ports, and resuming is the command's job (`--backup-dir`).
-    Keep `host` on loopback or a trusted network (`mdtrain.launcher`, "Security").
+    Keep `host` on loopback or a trusted network (docs/multi-worker.md, "Security").
 
     Args:
         command: The program and its arguments that every worker runs.
@@ -119,7 +119,7 @@ def run_workers(
             Defaults to `None`: the visible GPUs split evenly, none on a CPU machine.
 
     Returns:
-        The job's exit status, as `mdtrain.launcher`'s table of exit codes gives it.
+        The job's exit status, as docs/multi-worker.md, "Exit codes", gives it.
 
     Raises:
         UsageError: If `command` is empty or cannot be started, `num_workers < 1`,
@@ -275,7 +275,7 @@ def launch(
             `log_dir`, `hang_timeout_s`, `env`, `stream`, `gpus_per_worker`).
 
     Returns:
-        The job's exit status, as `mdtrain.launcher`'s table of exit codes gives it.
+        The job's exit status, as docs/multi-worker.md, "Exit codes", gives it.
 
     Raises:
         UsageError: If `train_args` asks for another strategy, `restarts` comes

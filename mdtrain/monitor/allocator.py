@@ -1,10 +1,6 @@
 """What TensorFlow's allocator held on each GPU: the memory a model used, not what was reserved.
 
-NVML sees the allocator's reservation (TensorFlow takes most of a card, or a
-logical GPU's whole share), so a run's peak from NVML reads the same in every
-run (118.6/140.4 GiB on an H200 split in two). The allocator's own peak
-(``tf.config.experimental.get_memory_info``), reset at the start of each run,
-is what the tensors needed.
+NVML sees the allocator's reservation instead (docs/figures.md, "Utilisation and memory").
 """
 
 from __future__ import annotations

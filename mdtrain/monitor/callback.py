@@ -40,26 +40,13 @@ class MonitorCallback(keras.callbacks.Callback):
     Kaggle). ``monitor.summary()`` gives the figures and verdict after
     training. ``mdtrain.make_monitor`` is this class.
 
-    Images are counted on the GLOBAL batch (all replicas). The input wait is
-    measured, never inferred, wherever it can be:
-
-    - plain ``model.fit``: train on ``monitor.watch(train_ds)`` (a
-      `tf.data.Dataset`), which stamps each batch as the input pipeline hands
-      it over; a step that began before its batch came waited until then;
-    - a custom loop: iterate ``monitor.watch(dist_ds)`` (a distributed
-      dataset), whose ``next()`` is timed on the loop's thread;
-    - mdtrain's `ExactTrainer` (``fit`` and ``custom_fit``) records each
-      call's wait and real global batch size as ``model.last_step``, in its
-      own graph; it needs no ``watch``.
-
-    Without any of them the verdict rests on sampled GPU utilisation, and
-    says ``unknown`` without a GPU. images/sec is images over the time the
-    user waits for training: each epoch from its start to its end, boundaries
-    included, less validation (reported on its own, when the loop calls
-    ``on_test_begin``/``on_test_end``) and less compiling: the first call, and
-    the first of each new batch size where the batch size is known, count as
-    long as a like call, and the summary names the rest of their time. Every
-    step counts in ``steps`` and ``images``.
+    Images are counted on the GLOBAL batch (all replicas), over the time the
+    user waits for training, less validation and compiling (each reported on
+    its own). The input wait is measured, never inferred: plain ``fit`` on
+    ``monitor.watch(train_ds)``, a custom loop on ``monitor.watch(dist_ds)``,
+    or mdtrain's `ExactTrainer`, which needs no ``watch``. Without a wait
+    figure the verdict rests on sampled GPU utilisation, and says ``unknown``
+    without a GPU. How each figure is taken: docs/figures.md.
 
     Args:
         global_batch_size: Examples per step over all replicas.

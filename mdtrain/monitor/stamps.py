@@ -1,10 +1,7 @@
 """A watched dataset's timestamps matched to the steps that consumed them: each call's wait.
 
-`monitor.watch(dataset)` stamps every element of a `tf.data.Dataset` with the
-wall time the dataset handed it over (`mdtrain.monitor.watch`). This module,
-free of TensorFlow, turns those stamps into each step's input wait: a step
-that began before its element was handed over waited until then (why the
-hand-over, not the consumer's blocking: `mdtrain.monitor.watch`).
+Free of TensorFlow: a step that began before its element was handed over
+waited until then (docs/figures.md, "Input wait").
 """
 
 from __future__ import annotations

@@ -1,15 +1,8 @@
 """Images/sec, step time and input-wait share of a run, on the clock the user waits on.
 
-The run's time is its epochs' wall time, from each epoch's start to its end,
-so the epoch boundaries (iterator creation, the end-of-epoch work) count, less
-two things reported on their own: validation, and compiling. The calls that
-trace and compile (the first call of the run, and the first of each new batch
-size where the batch size is known) count their steps and images, and the
-time a like call takes (the median first call of the other epochs, which
-makes their iterators, or the other calls' mean time per step); the rest of
-their time is compiling, left out. A figure a step reports lazily (a tensor, or a
-callable that reads one) is read with the rates, never after each step, so the
-meter costs a step microseconds. No Keras or TensorFlow here.
+Epochs are timed from start to end, boundaries included, less validation and
+compiling (docs/figures.md, "images/s"). A figure a step reports lazily is read
+with the rates, never after each step. No Keras or TensorFlow here.
 """
 
 from __future__ import annotations

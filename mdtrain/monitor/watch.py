@@ -1,38 +1,9 @@
 """`monitor.watch(dataset)`: the input wait of plain Keras `fit` and of a custom loop, measured.
 
-Two ways, one per place the wait happens:
-
-- A custom loop calls ``next()`` on a distributed iterator in Python, and
-  that call blocks for exactly the step's wait: `WatchedDistributedDataset`
-  times it on the loop's own thread. Cost: two clock reads per step.
-- Plain `fit` fetches inside Keras' compiled train function, out of a
-  callback's sight. `stamp_dataset` appends one sequential map to the
-  dataset, which runs the moment the dataset hands an element over and puts
-  the element's number (from `enumerate`: 0 for each new iterator), the wall
-  time (`tf.timestamp`) and its batch size in a host queue.
-  `mdtrain.monitor.stamps` sets the hand-over time against the step's start
-  (the previous step's end), which the callback sees. Under a strategy the
-  element's consumer is the distributed iterator's prefetch thread, one
-  element per replica ahead of the step, so how long that thread blocks would
-  overstate the step's wait (a `Zip` of timestamps around the dataset measures
-  that, at twice the cost), and is not used. Not measured: the copy from the
-  host to the device after the hand-over (microseconds on CPU replicas; on a
-  GPU, the batch's transfer). Chosen over changing Keras' train function (a
-  private API that each Keras release may move): public tf.data only.
-  Cost: one map call per batch on the input thread, about 100 µs of CPU time
-  on a loaded 2-core machine (`benchmarks/watch_overhead.py`).
-
-Under op determinism (`tf.config.experimental.enable_op_determinism`)
-TensorFlow refuses `tf.timestamp` ("Timestamp cannot be called when
-determinism is enabled"), so the stamp's clock is then Python's
-(`mdtrain.clock.graph_clock`). TensorFlow 2.21 then logs one line on stderr,
-"NodeDef mentions attribute use_unbounded_threadpool which is not in the op
-definition", wherever the stamps follow a parallel map: the message of a
-tf.data graph rewrite, with no effect seen on the elements or their speed.
-Minimal reproduction, no upstream issue found: under
-`enable_op_determinism()`, iterate
-``Dataset.range(40).map(f, num_parallel_calls=2).map(g)`` where ``g`` calls a
-stateful `tf.numpy_function`.
+`StampQueue.stamp_dataset` stamps each element as the dataset hands it over
+(for `fit`); `WatchedDistributedDataset` times a custom loop's ``next()``.
+Why these two, what they cost, and the one log line TensorFlow 2.21 prints
+under op determinism (with its minimal reproduction): docs/figures.md, "Input wait".
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Parameter servers hold the variables; workers run whole steps, asynchronously,
 that the chief schedules in its loop (`loop.coordinator_fit`). The chief is
 `mdtrain train --strategy ps`; `mdtrain launch --ps M` starts every task. See
 docs/multi-worker.md; the servers speak unauthenticated gRPC
-(`mdtrain.launcher`, "Security").
+(docs/multi-worker.md, "Security").
 
 The thread-pool trap, handled here: a worker runs each scheduled function
 on its inter-op thread pool, which by default has one thread per core, and
