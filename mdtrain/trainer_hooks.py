@@ -2,7 +2,8 @@
 
 - `ExactFitHooks`: Keras' `fit` builds the model without a sample batch and
   runs the trainer's compiled steps, never past an epoch's end, so that `fit`
-  and `custom_fit` end with the same weights bit for bit.
+  and `custom_fit` end with the same weights bit for bit (and each
+  validation pass makes one iterator, where Keras makes two).
 - `skip_together`: under loss scaling a non-finite gradient on any replica
   skips the step on all of them (docs/numerics.md).
 
@@ -56,10 +57,29 @@ class ExactFitHooks:
 
     def fit(self, x=None, *args, steps_per_epoch=None, **kwargs):
         self._epoch_position = (steps_per_epoch, 0)  # steps per epoch, steps done in this one
-        known = isinstance(x, tf.data.Dataset) and int(x.cardinality()) >= 0  # a length to hide
-        if steps_per_epoch and self.steps_per_execution > 1 and known:
-            x = x.filter(lambda *batch: True)  # its cardinality unknown
+        if steps_per_epoch and self.steps_per_execution > 1 and _known_length(x) >= 0:
+            x = x.filter(_keep)  # its cardinality unknown: a length to hide
+        validation = kwargs.get("validation_data")
+        if _known_length(validation) > 0 and kwargs.get("validation_steps") is None:
+            # Each validation pass through one iterator: `evaluate` makes its pass's, and then,
+            # knowing the dataset's length, a spare that the next pass replaces unused (Keras
+            # 3.15's `EpochIterator`), 0.1-0.25 s on 2 CPU replicas; `tests/test_loop.py`
+            # counts them. Every batch is still read once a pass. (Training keeps Keras' own
+            # iterators: a spare moves a reshuffling dataset's seed on, and `fit` on one
+            # device, which the trainer matches, makes them too.)
+            kwargs["validation_steps"] = _known_length(validation)
+            kwargs["validation_data"] = validation.filter(_keep)
         return super().fit(x, *args, steps_per_epoch=steps_per_epoch, **kwargs)
+
+
+def _known_length(data) -> int:
+    """A `tf.data.Dataset`'s batches, if it knows them; below 0 otherwise (or not a dataset)."""
+    return int(data.cardinality()) if isinstance(data, tf.data.Dataset) else -1
+
+
+def _keep(*element) -> bool:
+    """Keeps every element: a dataset filtered by it has the same ones, its length unknown."""
+    return True
 
 
 def skip_together(optimizer, gradients: list) -> list:

@@ -219,3 +219,47 @@ def test_an_empty_replica_slice_is_augmented_in_the_model_like_one_device(monkey
         weights[replicas] = trainer.net.get_weights()
         assert all(np.isfinite(w).all() for w in weights[replicas])
     assert max_relative_difference(weights[4], weights[1]) < 1e-4
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("spe", [1, 2])
+def test_each_validation_pass_makes_one_iterator(monkeypatch, spe):
+    """Keras makes two an evaluation pass of a dataset of known length; the trainer makes one.
+
+    10 examples in batches of 4 (the last of 2) on 2 replicas, 3 epochs: validation adds
+    3 iterators, reads every batch (its last figure is `evaluate`'s) and leaves training
+    as it was.
+    """
+    from tests.numerics_harness import side_by_side_strategies
+
+    strategy = side_by_side_strategies((2,))[2]
+    data = np.random.default_rng(0).random((10, 4), dtype=np.float32)
+
+    def finite() -> tf.data.Dataset:
+        return tf.data.Dataset.from_tensor_slices((data, np.arange(10) % 3)).batch(4)
+
+    distributed_type = type(strategy.experimental_distribute_dataset(finite()))
+    make_iterator, iterators = distributed_type.__iter__, []
+
+    def counted(dataset):
+        iterators.append(dataset)
+        return make_iterator(dataset)
+
+    def trained(**validation):
+        keras.utils.set_random_seed(0)
+        with strategy.scope():
+            trainer = ExactTrainer(_tiny_net())
+            trainer.compile(optimizer=keras.optimizers.SGD(0.1), steps_per_execution=spe)
+        iterators.clear()
+        with monkeypatch.context() as patch:
+            patch.setattr(distributed_type, "__iter__", counted)
+            history = trainer.fit(finite(), epochs=3, verbose=0, **validation)
+        return trainer, history, len(iterators)
+
+    plain, _, training_iterators = trained()
+    validated, history, all_iterators = trained(validation_data=finite())
+    assert all_iterators - training_iterators == 3
+    last = validated.evaluate(finite(), return_dict=True, verbose=0)
+    assert history.history["val_loss"][-1] == pytest.approx(last["loss"], rel=1e-6)
+    for mine, theirs in zip(validated.net.get_weights(), plain.net.get_weights(), strict=True):
+        np.testing.assert_array_equal(mine, theirs)

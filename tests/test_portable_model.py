@@ -4,61 +4,94 @@ predicts what `mdtrain predict` says."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 
-from tests.conftest import run_mdtrain
+CASES = [
+    ("small-cnn", "exact"),
+    ("efficientnet-lite0", "exact"),
+    ("small-cnn", "synchronized"),
+    ("small-cnn", "local"),
+]
 
-# Runs in a fresh interpreter that never imports mdtrain (and checks that it did not).
+# One process trains every case with `mdtrain train` and asks `mdtrain predict` about the
+# validation images, through the command line's own entry point (a TensorFlow start-up each
+# would cost more than the small runs): each case's last JSON line of `predict`.
+MDTRAIN = """
+import contextlib, io, json, sys
+from mdtrain.cli import main
+data, work, cases, images = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), sys.argv[4:]
+said = {}
+for model, batch_norm in cases:
+    out = f"{work}/{model}-{batch_norm}"
+    assert main(["train", "--data", data, "--model", model, "--weights", "none",
+                 "--image-size", "32", "--epochs", "1", "--strategy", "cpu:2",
+                 "--global-batch-size", "8", "--output", out, "--monitor", "none",
+                 "--batch-norm", batch_norm]) == 0
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert main(["predict", *images, "--model-file", f"{out}/model.keras", "--top", "3",
+                     "--json"]) == 0
+    said[f"{model}-{batch_norm}"] = json.loads(printed.getvalue().strip().splitlines()[-1])
+print(json.dumps(said))
+"""
+
+# A fresh interpreter that never imports mdtrain (and checks that it did not) loads each model.
 PLAIN_KERAS = """
 import json, sys
 import keras, tensorflow as tf
-model = keras.models.load_model(sys.argv[1])
-assert not [m for m in sys.modules if m.split(".")[0] == "mdtrain"], "mdtrain was imported"
-size = model.input_shape[1]
-def load(path):  # what mdtrain's pipeline does to these small JPEGs: decode, resize, round
+folders, images = sys.argv[1].split(","), sys.argv[2:]
+def load(path, size):  # what mdtrain's pipeline does to these small JPEGs: decode, resize, round
     image = tf.image.resize(tf.io.decode_jpeg(tf.io.read_file(path), channels=3), [size, size])
     return tf.cast(tf.clip_by_value(tf.round(image), 0.0, 255.0), tf.uint8)
-images = tf.stack([load(path) for path in sys.argv[2:]])
-layers = {type(layer).__name__ for layer in model._flatten_layers()}
-print(json.dumps({"probabilities": model.predict(images, verbose=0).tolist(),
-                  "layers": sorted(layers)}))
+loaded = {}
+for folder in folders:
+    model = keras.models.load_model(f"{folder}/model.keras")
+    batch = tf.stack([load(path, model.input_shape[1]) for path in images])
+    layers = {type(layer).__name__ for layer in model._flatten_layers()}
+    loaded[folder] = {"probabilities": model.predict(batch, verbose=0).tolist(),
+                      "layers": sorted(layers)}
+assert not [m for m in sys.modules if m.split(".")[0] == "mdtrain"], "mdtrain was imported"
+print(json.dumps(loaded))
 """
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize(
-    ("model", "batch_norm"),
-    [("small-cnn", "exact"), ("efficientnet-lite0", "exact"), ("small-cnn", "synchronized"),
-     ("small-cnn", "local")],
-)  # fmt: skip
-def test_saved_model_loads_and_predicts_without_mdtrain(tmp_path, tiny_dataset, model,
-                                                        batch_norm):  # fmt: skip
-    out = tmp_path / "run"
-    trained = run_mdtrain(
-        "train", "--data", str(tiny_dataset), "--model", model, "--weights", "none",
-        "--image-size", "32", "--epochs", "1", "--strategy", "cpu:2",
-        "--global-batch-size", "8", "--output", str(out), "--monitor", "none",
-        "--batch-norm", batch_norm,
-    )  # fmt: skip
-    assert trained.returncode == 0, trained.stderr
-    images = sorted(str(p) for p in (tiny_dataset / "val").rglob("*.jpg"))
-    said = run_mdtrain("predict", *images, "--model-file", str(out / "model.keras"),
-                       "--top", "3", "--json")  # fmt: skip
-    assert said.returncode == 0, said.stderr
-    predictions = json.loads(said.stdout.strip().splitlines()[-1])["predictions"]
+def _last_json(script: str, *args: str, cwd) -> dict:
+    """Runs `script` in a fresh interpreter in `cwd`; the JSON of its last line."""
+    process = subprocess.run(
+        [sys.executable, "-c", script, *args],
+        capture_output=True,
+        text=True,
+        timeout=1200,
+        cwd=cwd,  # not the checkout: mdtrain as installed
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
+    )
+    assert process.returncode == 0, process.stderr
+    return json.loads(process.stdout.strip().splitlines()[-1])
 
-    plain = subprocess.run(
-        [sys.executable, "-c", PLAIN_KERAS, str(out / "model.keras"), *images],
-        capture_output=True, text=True, cwd=tmp_path,  # not the checkout: no mdtrain on the path
-    )  # fmt: skip
-    assert plain.returncode == 0, plain.stderr
-    loaded = json.loads(plain.stdout.strip().splitlines()[-1])
+
+@pytest.fixture(scope="module")
+def both_sides(tmp_path_factory, tiny_dataset) -> dict:
+    """`{case: (what mdtrain predict said, what plain Keras loaded)}` for every case."""
+    work = tmp_path_factory.mktemp("portable")
+    images = sorted(str(p) for p in (tiny_dataset / "val").rglob("*.jpg"))
+    said = _last_json(MDTRAIN, str(tiny_dataset), str(work), json.dumps(CASES), *images, cwd=work)
+    folders = ",".join(str(work / f"{model}-{batch_norm}") for model, batch_norm in CASES)
+    loaded = _last_json(PLAIN_KERAS, folders, *images, cwd=work)
+    return {case: (said[case], loaded[str(work / case)]) for case in said}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("model", "batch_norm"), CASES)
+def test_saved_model_loads_and_predicts_without_mdtrain(both_sides, model, batch_norm):
+    said, loaded = both_sides[f"{model}-{batch_norm}"]
     assert "BatchNormalization" in loaded["layers"]
     assert not [name for name in loaded["layers"] if name.startswith("Exact")]
+    predictions = said["predictions"]
     for prediction, probabilities in zip(predictions, loaded["probabilities"], strict=True):
         for top in prediction["top"]:
             assert top["probability"] == pytest.approx(probabilities[top["index"]], abs=1e-5)
