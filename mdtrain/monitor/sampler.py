@@ -239,11 +239,7 @@ def say_once(message: str) -> None:
 class Sampler:
     """Samples every GPU (NVML) and the CPU (psutil) on a background thread.
 
-    Samples go into a ``collections.deque`` of at most ``max_samples`` entries,
-    so a week-long run keeps constant memory. Without NVML or a GPU it samples
-    the CPU alone, and ``gpu_error`` says why (the summary prints it once,
-    rather than a line on standard error for every monitor).
-
+    Without NVML or a GPU it samples the CPU alone, and ``gpu_error`` says why.
     Use it as a context manager, or call ``start()`` and ``stop()``.
 
     Args:
