@@ -374,11 +374,8 @@ def restore(trainer, point: ResumePoint, with_optimizer: bool = True) -> None:
 
 
 def _restore_metrics(trainer, prefix: Path) -> None:
-    """Puts a mid-epoch backup's metric sums back, after `fit` reset the metrics.
-
-    A metric variable is summed over the replicas (synchronized on read):
-    saved as the sum, it is restored as an equal share on every replica.
-    """
+    """Puts a mid-epoch backup's metric sums back, after `fit` reset the metrics (an equal
+    share on every replica of the sum saved: docs/numerics.md)."""
     import tensorflow as tf
 
     _load(tf.train.Checkpoint(metrics=_metrics_by_name(trainer)), prefix)

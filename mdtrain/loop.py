@@ -323,6 +323,17 @@ def metric_logs(trainer: keras.Model, prefix: str = "") -> dict[str, float]:
     return {prefix + m.name: float(m.result()) for m in trainer.metrics}
 
 
+def evaluate(trainer: keras.Model, val_ds, cbs, test_step) -> dict[str, float]:
+    """One pass of `test_step` over `val_ds` between the callbacks' test hooks: its `val_` logs."""
+    trainer.reset_metrics()
+    cbs.on_test_begin()
+    for batch in val_ds:
+        test_step(batch)
+    logs = metric_logs(trainer, "val_")
+    cbs.on_test_end(logs)
+    return logs
+
+
 def _distributed(strategy: tf.distribute.Strategy, dataset):
     """`dataset` split over the replicas, unless it is already (or None)."""
     done = dataset is None or isinstance(dataset, tf.distribute.DistributedDataset)
@@ -396,13 +407,8 @@ def custom_fit(
             # Callbacks read logs on the host: only a progress bar needs them every call.
             cbs.on_train_batch_end(step + steps - 1, batch_logs if verbose == 1 else None)
         logs = metric_logs(trainer)
-        if val_ds is not None:  # one distributed pass, adding its `val_` metrics to `logs`
-            trainer.reset_metrics()
-            cbs.on_test_begin()
-            for batch in val_dist:
-                test_step(batch)
-            logs.update(metric_logs(trainer, "val_"))
-            cbs.on_test_end(logs)
+        if val_ds is not None:  # one distributed pass
+            logs.update(evaluate(trainer, val_dist, cbs, test_step))
         cbs.on_epoch_end(epoch, logs)
         if trainer.stop_training:
             break
