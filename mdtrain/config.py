@@ -14,6 +14,15 @@ from typing import NamedTuple
 from mdtrain import choices
 
 OUTPUT_FILES = ("model.keras", "history.json", "report.json", "monitor.png")
+#: The options that take one of a few names, and the names.
+_CHOICES = {
+    "loop": choices.LOOPS,
+    "augment_in": choices.AUGMENT_IN,
+    "class_weight": choices.CLASS_WEIGHTS,
+    "cache": choices.CACHE_MODES,
+    "monitor": choices.MONITOR_DISPLAYS,
+    "batch_norm": choices.BATCH_NORMS,
+}
 
 
 class _Rule(NamedTuple):
@@ -102,12 +111,9 @@ class TrainConfig:
         choices.check_strategy_name(self.strategy)
         choices.check_model_name(self.model)
         choices.check_batch_sizes(self.batch_size_per_replica, self.global_batch_size)
-        rules = [
-            *self._choice_rules(),
-            *self._range_rules(),
-            *self._parameter_server_rules(),
-            *self._combination_rules(),
-        ]
+        for argument, allowed in _CHOICES.items():
+            choices.check_one_of(argument, getattr(self, argument), allowed)
+        rules = [*self._range_rules(), *self._parameter_server_rules(), *self._combination_rules()]
         for rule in rules:  # grouped by what they are about
             choices.check(rule.holds, rule.argument, getattr(self, rule.argument), rule.problem)
         for argument in ("output", "backup_dir", "cache_dir"):
@@ -123,23 +129,6 @@ class TrainConfig:
             self.output,
             f"already holds {', '.join(taken)}; choose a new folder (nothing was overwritten)",
         )
-
-    def _choice_rules(self) -> list[_Rule]:
-        """Options that take one of a few names."""
-        names = {
-            "loop": choices.LOOPS,
-            "augment_in": choices.AUGMENT_IN,
-            "class_weight": choices.CLASS_WEIGHTS,
-            "cache": choices.CACHE_MODES,
-            "monitor": choices.MONITOR_DISPLAYS,
-            "batch_norm": choices.BATCH_NORMS,
-        }
-        return [
-            _Rule(
-                argument, getattr(self, argument) in allowed, f"choose one of {', '.join(allowed)}"
-            )
-            for argument, allowed in names.items()
-        ]
 
     def _range_rules(self) -> list[_Rule]:
         """Numbers that must lie in a range."""
