@@ -27,13 +27,9 @@ trainer.fit(data.train_epochs(0, 3), epochs=3, steps_per_epoch=data.steps_per_ep
             validation_data=data.val_ds)
 ```
 
-Documented submodules, for what the front door does not carry:
-`mdtrain.monitor` (the samplers and dashboard behind `make_monitor`),
-`mdtrain.launcher` (local multi-worker and parameter-server processes),
-`mdtrain.lite0` (EfficientNet-Lite0 with ImageNet weights offline). Every
-other module is internal. The notebooks' figures and exercise checks are
-course material, not the library: the package `mdtrain_course`, in the same
-wheel.
+Documented submodules: `mdtrain.monitor`, `mdtrain.launcher`, `mdtrain.lite0`;
+every other module is internal, and the course material is the package
+`mdtrain_course` (README.md, "The library").
 """
 
 from __future__ import annotations
@@ -85,7 +81,7 @@ _EXPORTS = {
 __all__ = sorted([*_EXPORTS, "check_versions", "__version__"])
 
 
-#: The documented submodules, importable as attributes too (`mdtrain.lite0.offline_base`).
+#: The documented submodules, importable as attributes too (`mdtrain.lite0.imagenet_classifier`).
 _SUBMODULES = ("monitor", "launcher", "lite0")
 
 

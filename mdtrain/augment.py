@@ -6,10 +6,9 @@ brightness and contrast become a per-image gain and per-channel offset. Each
 batch is then resampled once, which is faster and sharper than chaining Keras'
 RandomFlip, RandomRotation and RandomZoom layers.
 
-The resampling is a small gather kernel compiled by XLA: TensorFlow's
-`ImageProjectiveTransformV3` op (what Keras' layers call) costs several times
-more than decoding the JPEG on CPU. Randomness is stateless: the same seed
-gives the same transforms on any number of replicas, resumed or not.
+The resampling is a small gather kernel compiled by XLA, several times cheaper
+than `ImageProjectiveTransformV3`, Keras' layers' op (benchmarks/README.md).
+Randomness is stateless: one seed, the same transforms on any replicas, resumed or not.
 """
 
 from __future__ import annotations

@@ -1,16 +1,9 @@
 """Backups a killed run resumes from exactly: weights, optimizer, dropout RNG, metrics, position.
 
-Why not `keras.callbacks.BackupAndRestore` (Keras 3)? It does not save the
-dropout layers' `SeedGenerator` state (other masks after a resume); it resumes
-only at epoch starts, running a mid-epoch save's epoch again on updated weights;
-with `double_checkpoint=True` it silently falls back to an older checkpoint; and
-by default it deletes its backup after every `fit`, losing it between phases.
-
 A backup is a `tf.train.Checkpoint` written by a `tf.train.CheckpointManager`
-(variables by name, atomic writes, the newest two kept) and mdtrain's manifest
-beside it, written after its checkpoint. The folder's layout, what is deleted
-and the multi-worker rules: docs/multi-worker.md, "Fault tolerance"; exact
-resume: docs/numerics.md.
+and mdtrain's manifest beside it, written after its checkpoint. Why not Keras'
+`BackupAndRestore`, the folder's layout, what is deleted and the multi-worker
+rules: docs/multi-worker.md, "Fault tolerance"; exact resume: docs/numerics.md.
 """
 
 from __future__ import annotations
@@ -54,12 +47,9 @@ def resume_point(
 ) -> ResumePoint:
     """Where a run resumes: the checkpoint the manifest in `backup_dir` names, verified.
 
-    The manifest and every tensor of its checkpoint are read back (TensorFlow
-    checks each one's CRC32C), and the fingerprint compared, before anything
-    is loaded. Then the chief removes what a killed run left: saves never
-    finished or never named by a manifest, and the manager's list, which the
-    next save starts afresh (it must not count checkpoints the manifest does
-    not know).
+    Every tensor of the checkpoint is read back and the fingerprint compared
+    before anything is loaded; then the chief removes what a killed run left
+    (docs/multi-worker.md, "Fault tolerance").
 
     Args:
         backup_dir: the `--backup-dir`; None or "" for a run without backups.
@@ -229,12 +219,9 @@ def _check_fingerprint(point: ResumePoint, fingerprint: dict | None, backup_dir)
 
 
 def _remove_leftovers(root: Path, keep: str | None, say) -> None:
-    """Removes mdtrain's files in `root` but the manifest and checkpoint `keep` names.
+    """Removes mdtrain's files in `root` but the manifest and the checkpoint `keep` names.
 
-    Checkpoints newer than `keep` (or any, without a manifest) were written by
-    a run killed before its manifest named them; older ones are superseded.
-    The manager's list goes too: its next save starts a list of its own, and
-    the checkpoint `keep` stays until `remove_backups` or the next resume.
+    Saves newer than `keep` (or any, without a manifest) a killed run left: each is named.
     """
     kept = _numbered(keep) if keep else -1
     said = set()
@@ -248,7 +235,7 @@ def _remove_leftovers(root: Path, keep: str | None, say) -> None:
             _remove(path)
         elif _TEMPORARY.match(path.name):
             _remove(path)
-    with contextlib.suppress(FileNotFoundError):
+    with contextlib.suppress(FileNotFoundError):  # the next save starts a list of its own
         (root / STATE_FILE).unlink()
 
 
@@ -387,11 +374,8 @@ def restore(trainer, point: ResumePoint, with_optimizer: bool = True) -> None:
 
 
 def _restore_metrics(trainer, prefix: Path) -> None:
-    """Puts a mid-epoch backup's metric sums back, after `fit` reset the metrics.
-
-    A metric variable is summed over the replicas (synchronized on read):
-    saved as the sum, it is restored as an equal share on every replica.
-    """
+    """Puts a mid-epoch backup's metric sums back, after `fit` reset the metrics (an equal
+    share on every replica of the sum saved: docs/numerics.md)."""
     import tensorflow as tf
 
     _load(tf.train.Checkpoint(metrics=_metrics_by_name(trainer)), prefix)
@@ -418,10 +402,7 @@ def _load(checkpoint, prefix: Path) -> None:
 class BackupWriter:
     """Saves a trainer's state with `tf.train.CheckpointManager`, then the manifest beside it.
 
-    Under multi-worker training every worker saves, as TensorFlow's
-    fault-tolerance guide says: reading a metric's sum over the replicas is a
-    collective. Only the chief keeps its saves, in `backup_dir`; the others
-    write each to a temporary folder and delete it.
+    Every worker saves; only the chief keeps its saves (docs/multi-worker.md).
 
     Args:
         backup_dir: the `--backup-dir`.

@@ -91,6 +91,11 @@ def check(condition: bool, argument: str, value, problem: str) -> None:
         raise bad_value(argument, value, problem)
 
 
+def check_one_of(argument: str, value, allowed) -> None:
+    """Raises `bad_value(argument, value, ...)` unless `value` is one of `allowed`."""
+    check(value in allowed, argument, value, f"choose one of {', '.join(allowed)}")
+
+
 def check_seed(seed: int) -> None:
     """Raises `UsageError` unless NumPy and Keras can seed with `seed`."""
     check(0 <= seed < 2**32, "seed", seed, "must be in [0, 2**32)")

@@ -14,6 +14,15 @@ from typing import NamedTuple
 from mdtrain import choices
 
 OUTPUT_FILES = ("model.keras", "history.json", "report.json", "monitor.png")
+#: The options that take one of a few names, and the names.
+_CHOICES = {
+    "loop": choices.LOOPS,
+    "augment_in": choices.AUGMENT_IN,
+    "class_weight": choices.CLASS_WEIGHTS,
+    "cache": choices.CACHE_MODES,
+    "monitor": choices.MONITOR_DISPLAYS,
+    "batch_norm": choices.BATCH_NORMS,
+}
 
 
 class _Rule(NamedTuple):
@@ -102,7 +111,10 @@ class TrainConfig:
         choices.check_strategy_name(self.strategy)
         choices.check_model_name(self.model)
         choices.check_batch_sizes(self.batch_size_per_replica, self.global_batch_size)
-        for rule in self._rules():
+        for argument, allowed in _CHOICES.items():
+            choices.check_one_of(argument, getattr(self, argument), allowed)
+        rules = [*self._range_rules(), *self._parameter_server_rules(), *self._combination_rules()]
+        for rule in rules:  # grouped by what they are about
             choices.check(rule.holds, rule.argument, getattr(self, rule.argument), rule.problem)
         for argument in ("output", "backup_dir", "cache_dir"):
             folder = getattr(self, argument)
@@ -117,32 +129,6 @@ class TrainConfig:
             self.output,
             f"already holds {', '.join(taken)}; choose a new folder (nothing was overwritten)",
         )
-
-    def _rules(self) -> list[_Rule]:
-        """Every other check, grouped by what it is about."""
-        return [
-            *self._choice_rules(),
-            *self._range_rules(),
-            *self._parameter_server_rules(),
-            *self._combination_rules(),
-        ]
-
-    def _choice_rules(self) -> list[_Rule]:
-        """Options that take one of a few names."""
-        names = {
-            "loop": choices.LOOPS,
-            "augment_in": choices.AUGMENT_IN,
-            "class_weight": choices.CLASS_WEIGHTS,
-            "cache": choices.CACHE_MODES,
-            "monitor": choices.MONITOR_DISPLAYS,
-            "batch_norm": choices.BATCH_NORMS,
-        }
-        return [
-            _Rule(
-                argument, getattr(self, argument) in allowed, f"choose one of {', '.join(allowed)}"
-            )
-            for argument, allowed in names.items()
-        ]
 
     def _range_rules(self) -> list[_Rule]:
         """Numbers that must lie in a range."""
@@ -258,13 +244,9 @@ class TrainConfig:
     def augment_place(self) -> str | None:
         """Where the run augments: `"pipeline"`, `"model"`, or None when it does not.
 
-        `auto` is the model, on every kind of replica: the input pipeline draws
-        and composes each image's transform, and each replica's training step
-        applies its slice of them (the same pixels either way). On GPUs the warp
-        is then a small kernel beside the model's, and the CPU threads, which
-        often cannot decode and warp as fast as the GPUs train, are left to
-        decode; on CPU replicas, where step and pipeline share the cores, it
-        trained at least as fast as the pipeline (`benchmarks/augment_in.json`).
+        `auto` is the model, on every kind of replica: the pipeline draws each
+        image's transform, the step applies it (the same pixels either way), and
+        the CPU threads are left to decode; measured in benchmarks/README.md.
         """
         if not self.augment:
             return None

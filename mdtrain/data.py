@@ -1,10 +1,7 @@
-"""Finding, splitting and checking image datasets laid out as class folders.
+"""Finding, splitting and checking image datasets laid out as class folders (data/README.md).
 
-A dataset is a folder of class folders (``DIR/cats/001.jpg``), or one holding
-``train/`` and ``val/`` (or ``validation/``) folders like that; hidden files and
-files without an image extension are ignored. Nothing here imports TensorFlow at
-import time or ever modifies a dataset's file: what mdtrain remembers about a
-dataset (which files decode) lives in its own `cache_folder()`.
+Nothing here imports TensorFlow at import time or ever modifies a dataset's file:
+what mdtrain remembers about a dataset (which files decode) lives in its own `cache_folder()`.
 """
 
 from __future__ import annotations

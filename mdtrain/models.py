@@ -121,12 +121,7 @@ def build_model(
     check_model_name(name)
     check_dropout(dropout)
     check_image_size(name, image_size)
-    choices.check(
-        batch_norm in choices.BATCH_NORMS,
-        "batch_norm",
-        batch_norm,
-        f"choose one of {', '.join(choices.BATCH_NORMS)}",
-    )
+    choices.check_one_of("batch_norm", batch_norm, choices.BATCH_NORMS)
     dtype = keras.dtype_policies.get(dtype)
     if name == "small-cnn":
         net = _small_cnn(image_size, num_classes, dropout, dtype)

@@ -65,11 +65,8 @@ class ExactBatchNormalization(keras.layers.BatchNormalization):
     """`keras.layers.BatchNormalization` with global-batch statistics under any strategy.
 
     A drop-in replacement (same arguments and weights, saved and loaded as
-    itself). In training it normalises with the mean and variance of the
-    whole global batch, over all replicas and workers, with one all-reduce
-    per pass (module doc); outside a strategy, or on one replica, it computes
-    the same formula with no communication. Renormalisation and masks are not
-    supported.
+    itself) that trains on the statistics of every replica's examples (module
+    doc). Renormalisation and masks are not supported.
 
     Example:
 

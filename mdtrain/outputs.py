@@ -23,9 +23,8 @@ def write_outputs(
 ) -> None:
     """Writes `model.keras`, `history.json`, a `chart` (`monitor.png`) and, last, `report.json`.
 
-    `model.keras` holds Keras' own layers only (mdtrain's exact BatchNorm
-    becomes Keras' `BatchNormalization`, the same at inference): it loads
-    with `keras.models.load_model`, without mdtrain.
+    `model.keras` holds Keras' own layers only (mdtrain's exact BatchNorm as
+    Keras' `BatchNormalization`, the same at inference): it loads without mdtrain.
 
     Args:
         output: the folder, created if needed.

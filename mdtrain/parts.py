@@ -1,13 +1,7 @@
 """The setup step of a run: its parts, built from its `TrainConfig`.
 
 `set_up` is where a `TrainConfig` is read: each builder hands the layers below
-(`distribute`, `data`, `pipeline`, `models`, `precision`, `segment_loops`) the
-values they need by name. In order: devices and strategy, data and input
-pipeline, model and trainer, and the loop that carries out the plan's
-segments. The parts come back in a frozen `RunParts`, which the controller
-(`mdtrain.training.train`) only reads. A new device rule goes to
-`devices_and_strategy` (or `mdtrain.distribute`), a new loop to
-`segment_loop`.
+the values they need by name (docs/development.md, "How a training run is built").
 """
 
 from __future__ import annotations

@@ -344,9 +344,7 @@ class InputData:
         """`(train, val)` as `custom_fit` takes them under `strategy`; see `train_epochs`.
 
         Under `MultiWorkerMirroredStrategy` each worker decodes and augments only its
-        replicas' slices of each global batch (`distribute_datasets_from_function`), each
-        image with the transform drawn for its place in the batch: the batches, pixels and
-        numerics of one process. (With a cache each worker decodes every image once.)
+        replicas' slices of each global batch, as one process would (docs/multi-worker.md).
 
         Args:
             strategy: the run's `tf.distribute.Strategy`.

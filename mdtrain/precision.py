@@ -1,9 +1,7 @@
 """A run's numerics settings that depend on its devices: mixed precision, determinism.
 
-Mixed precision follows the strategy's own devices (`worker_devices`): bfloat16
-where all have it (CPUs, TPUs, GPUs of compute capability 8.0 and up), float16
-with loss scaling (Keras' `compile` adds it) on older GPUs (T4, V100: no bfloat16
-tensor cores), never on a CPU. TensorFlow-free at import; tested with fake devices.
+The rules: docs/numerics.md, "Precision, TF32 and determinism on GPUs".
+TensorFlow-free at import; tested with fake devices.
 """
 
 from __future__ import annotations
@@ -95,9 +93,7 @@ def check_deterministic(strategy, net, image_size: int, variables) -> None:
             loss = tf.reduce_sum(net(images, training=True))
         tape.gradient(loss, watched)
 
-    state = [
-        variable.numpy() for variable in net.non_trainable_variables
-    ]  # BatchNorm statistics, RNG
+    state = [variable.numpy() for variable in net.non_trainable_variables]  # BatchNorm, RNG
     logger = tf.get_logger()
     level = logger.level
     # Eagerly (a graph's error names the op less plainly): silence MirroredStrategy's warning

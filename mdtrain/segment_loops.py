@@ -1,12 +1,8 @@
 """One interface for the run's three loops: each carries out one segment of the plan.
 
-Keras' `fit` (with `ExactTrainer`'s steps), `custom_fit` (a hand-written
-`strategy.run` loop, which multi-worker runs need) and, in a parameter-server
-chief, `coordinator_fit` are each wrapped in a `SegmentLoop`: built once with
-the trainer and the input pipeline, it takes a `mdtrain.plan.Segment` and
-returns that segment's history rows in a `SegmentRun`. The controller
-(`mdtrain.training.train`) calls every loop alike. A new loop is a class with
-`SegmentLoop`'s two methods, chosen in `mdtrain.parts.segment_loop`.
+Keras' `fit`, `custom_fit` (which multi-worker runs need) and a parameter-server
+chief's `coordinator_fit`, each a `SegmentLoop` subclass (docs/development.md, "How a
+training run is built", says where a new one goes).
 """
 
 from __future__ import annotations
@@ -43,7 +39,7 @@ class SegmentLoop(Protocol):
 
     def learning_rate(self, segment: Segment) -> LearningRate:
         """The rate to compile the optimizer with at the start of the segment's phase."""
-        ...
+        return segment.schedule()  # by step, as Keras' optimizer counts them
 
     def __call__(self, segment: Segment, callbacks: list) -> SegmentRun:
         """Trains epochs `first_epoch`…`last_epoch - 1` of `segment`, less its `skip_steps`."""
@@ -62,16 +58,13 @@ def _loop_arguments(segment: Segment, steps_per_epoch: int, callbacks: list, ver
 
 
 @dataclass(frozen=True)
-class FitLoop:
+class FitLoop(SegmentLoop):
     """Keras' `fit`, which `ExactFitHooks` makes run the trainer's exact steps."""
 
     trainer: ExactTrainer
     inputs: InputData
     verbose: int = 2
     watch: Watch | None = None  # stamps the training batches, where the trainer keeps no clock
-
-    def learning_rate(self, segment: Segment) -> LearningRate:
-        return segment.schedule()
 
     def __call__(self, segment: Segment, callbacks: list) -> SegmentRun:
         inputs = self.inputs
@@ -88,7 +81,7 @@ class FitLoop:
 
 
 @dataclass(frozen=True)
-class CustomLoop:
+class CustomLoop(SegmentLoop):
     """`custom_fit`: under several workers each decodes only its replicas' slices."""
 
     trainer: ExactTrainer
@@ -96,9 +89,6 @@ class CustomLoop:
     inputs: InputData
     verbose: int = 2
     watch: Watch | None = None  # stamps the training batches, where the trainer keeps no clock
-
-    def learning_rate(self, segment: Segment) -> LearningRate:
-        return segment.schedule()
 
     def __call__(self, segment: Segment, callbacks: list) -> SegmentRun:
         epochs = (segment.first_epoch, segment.last_epoch, segment.skip_steps)
@@ -114,7 +104,7 @@ class CustomLoop:
 
 
 @dataclass(frozen=True)
-class ParameterServerLoop:
+class ParameterServerLoop(SegmentLoop):
     """`coordinator_fit`, in a parameter-server chief: each worker builds its own batches.
 
     Its `SegmentRun.log` is the segment's loss curve with the cluster's size

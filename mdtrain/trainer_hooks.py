@@ -1,14 +1,9 @@
 """`ExactTrainer`'s two departures from Keras' own training machinery, both for its numerics.
 
-- `ExactFitHooks`: Keras' `fit` builds the model without a sample batch and
-  runs the trainer's compiled steps, never past an epoch's end, so that `fit`
-  and `custom_fit` end with the same weights bit for bit (and each
-  validation pass makes one iterator, where Keras makes two).
-- `skip_together`: under loss scaling a non-finite gradient on any replica
-  skips the step on all of them (docs/numerics.md).
-
-The private Keras names the hooks override are listed and checked at import
-in `mdtrain.compat`, with the other touches of Keras and TensorFlow internals.
+`ExactFitHooks` (Keras' `fit` on the trainer's own compiled steps, validating through one
+iterator a pass) and `skip_together` (an overflow on any replica skips the step on all):
+docs/numerics.md. The private Keras names
+the hooks override are listed and checked at import in `mdtrain.compat`.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """`train(config)`: the whole training run that `mdtrain train` and the notebooks use.
 
-The controller: setup (`mdtrain.parts`: devices and strategy, data and input
-pipeline, model and trainer, the loop) → restore (where a backup says the run
-stands, and `mdtrain.plan`'s segments from there) → segments (each carried out
-by the loop, `mdtrain.segment_loops`) → outputs (`mdtrain.outputs`). Every
-step is timed (`mdtrain.phases`). Light at import: TensorFlow loads in `train`.
+The controller: setup → restore → segments → outputs, each step timed
+(docs/development.md, "How a training run is built"). Light at import:
+TensorFlow loads in `train`.
 """
 
 from __future__ import annotations
@@ -29,13 +27,9 @@ __all__ = ["TrainConfig", "TrainResult", "train"]
 class TrainResult:
     """What a run produced; `summary()` is the `--json` object.
 
-    `history` has one row per epoch, under every strategy. Under
-    parameter-server training an epoch is `steps_per_epoch` steps of all the
-    workers together, and `ps_log` holds the finer loss curve: a point every
-    `TrainConfig.log_every` steps and at each epoch's end (`steps`, `loss`,
-    `accuracy`, `seconds`, `learning_rate`), and the run's `scheduled`,
-    `completed` and `examples` counts, `num_workers` and `num_ps`. `phases`
-    holds the seconds of each phase of the run, in order (`mdtrain.phases`).
+    `history` has one row per epoch, under every strategy; `ps_log` is
+    parameter-server training's finer loss curve (docs/multi-worker.md,
+    "Parameter servers"); `phases` the seconds of each phase (docs/figures.md).
     """
 
     config: TrainConfig
@@ -84,13 +78,8 @@ def train(config: TrainConfig, callbacks: list | None = None) -> TrainResult:
     """Runs one training job as described by `config`.
 
     Prints the batch geometry first, a line (or a live dashboard) per epoch,
-    and writes `model.keras`, `history.json` and `report.json` to
-    `config.output` when set (only the chief does, under multi-worker).
-    With `strategy="ps"`, in the chief of a parameter-server cluster
-    (`mdtrain launch --workers N --ps M`), the same run goes through the
-    coordinator's asynchronous loop (`mdtrain.ps.coordinator_fit`).
-    `model.keras` holds Keras' own layers only: it loads with
-    `keras.models.load_model`, without mdtrain.
+    and writes the outputs to `config.output` when set (the chief only; README,
+    "The command"). Under `strategy="ps"` the run is a parameter-server chief's.
 
     What the run changes in TensorFlow is undone when it returns
     (`mdtrain.compat.run_settings`), except what TensorFlow cannot undo in a

@@ -8,6 +8,8 @@
   epochs, repeats interleaved (notebooks 01 and 02, `benchmarks/pipeline.py`).
 - `mdtrain_course.image_data_generator`: mdtrain's `AugmentPolicy` as
   `ImageDataGenerator`'s arguments, for the lessons' like-with-like comparison.
+- `mdtrain_course.lite0`: `offline_base`, EfficientNet-Lite0 in place of a
+  Keras application that cannot download its ImageNet weights (notebook 06).
 
 The library (`import mdtrain`) never imports this package; it imports the
 library. It is kept apart so that the library stays the library: what a

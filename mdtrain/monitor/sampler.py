@@ -189,12 +189,8 @@ class NvmlReader:
 
 
 def _busy_samples(nv, handle, last_seen_us: int) -> tuple[tuple, int]:
-    """NVML's utilisation samples newer than ``last_seen_us``, and the newest one's timestamp.
-
-    The driver keeps a buffer of samples, each with its time in microseconds
-    since the epoch (``nvmlDeviceGetSamples``); reading from the last one seen
-    gets each exactly once. Returns ``((), last_seen_us)`` when there are none.
-    """
+    """NVML's utilisation samples newer than ``last_seen_us`` (each read once), and the newest
+    one's timestamp (microseconds since the epoch); ``((), last_seen_us)`` when none."""
     try:
         _, samples = nv.nvmlDeviceGetSamples(handle, nv.NVML_GPU_UTILIZATION_SAMPLES, last_seen_us)
     except Exception:  # NVML_ERROR_NOT_FOUND: none since; NOT_SUPPORTED: MIG slices
@@ -239,11 +235,7 @@ def say_once(message: str) -> None:
 class Sampler:
     """Samples every GPU (NVML) and the CPU (psutil) on a background thread.
 
-    Samples go into a ``collections.deque`` of at most ``max_samples`` entries,
-    so a week-long run keeps constant memory. Without NVML or a GPU it samples
-    the CPU alone, and ``gpu_error`` says why (the summary prints it once,
-    rather than a line on standard error for every monitor).
-
+    Without NVML or a GPU it samples the CPU alone, and ``gpu_error`` says why.
     Use it as a context manager, or call ``start()`` and ``stop()``.
 
     Args:

@@ -29,11 +29,8 @@ class Stamp:
 def call_wait(begin: float, end: float, handed_over: Sequence[float]) -> float:
     """Seconds a call of ``len(handed_over)`` steps waited for its elements.
 
-    Steps run one after another, each starting once the previous one ended
-    and its element was handed over. With one step the wait is exact: the
-    time from the call's start to the hand-over. With several, each step is
-    taken to compute for the same time, the one that makes the call end at
-    ``end``; the wait is what the call's time holds beyond that compute.
+    Exact for one step; with several, each is taken to compute for the same
+    time (docs/figures.md, "Input wait").
 
     Args:
         begin: Wall time the call began (the previous call's end).

@@ -28,11 +28,8 @@ def verdict(
     """Says in words what limits training speed, and what to try.
 
     The first word is one of ``input-bound``, ``compute-bound``,
-    ``under-used`` or ``unknown``, so code can branch on it. The input-wait
-    share is the direct evidence, judged with the thresholds of TensorFlow's
-    profiler: highly input-bound from 20%, moderately from 5%. Below that,
-    GPU utilisation tells compute-bound (from 70%) from under-used; below 40%
-    it also stands in for a missing wait figure (a plain ``model.fit``).
+    ``under-used`` or ``unknown``, so code can branch on it; the evidence and
+    thresholds: docs/figures.md, "The verdict".
 
     Args:
         input_wait_share: Share (0-1) of each step spent waiting for input, or

@@ -109,12 +109,9 @@ class _Totals:
 class ThroughputMeter:
     """Images/sec, step time and input-wait share from a loop's hooks; a live view may read it.
 
-    Driven by `epoch_begin`, `batch_end` (one call per executed call of the
-    step function, holding ``steps`` steps), `validation_begin`/`validation_end`
-    and `epoch_end`. A call's time runs from the previous call's end (or the
-    epoch's start), so it holds the wait for its input. The run's and an
-    epoch's images/sec divide the images of the timed calls by the epochs' wall
-    time less validation and the left-out calls (see the module doc).
+    Driven by `epoch_begin`, `batch_end` (once per call of the step function),
+    `validation_begin`/`validation_end` and `epoch_end`; what it counts:
+    docs/figures.md, "images/s".
 
     Args:
         global_batch_size: Examples per step over all replicas, for calls

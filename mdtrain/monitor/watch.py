@@ -39,12 +39,8 @@ class StampQueue:
     def stamp_dataset(
         self, dataset: tf.data.Dataset, elements_per_step: int = 1
     ) -> tf.data.Dataset:
-        """``dataset``'s elements, unchanged, stamped into this queue as they are handed out.
-
-        With ``elements_per_step`` k > 1 (a worker's pipeline feeding k
-        replicas, one element each), only the last element of each step's k
-        is stamped: the step can start once it is there.
-        """
+        """``dataset``'s elements, unchanged, stamped into this queue as they are handed out:
+        of each step's ``elements_per_step`` (a worker's for its replicas), the last only."""
         clock = graph_clock()
 
         def stamp(index, rows):

@@ -1,16 +1,10 @@
 """Parameter-server training: `python -m mdtrain.ps serve` runs a ps or worker task.
 
 Parameter servers hold the variables; workers run whole steps, asynchronously,
-that the chief schedules in its loop (`loop.coordinator_fit`). The chief is
-`mdtrain train --strategy ps`; `mdtrain launch --ps M` starts every task. See
-docs/multi-worker.md; the servers speak unauthenticated gRPC
-(docs/multi-worker.md, "Security").
-
-The thread-pool trap, handled here: a worker runs each scheduled function
-on its inter-op thread pool, which by default has one thread per core, and
-blocking ops (remote variable reads, the input iterator) can hold every
-thread of a 2-core machine, so nothing ever runs; `server_config` gives
-every server at least `MIN_INTER_OP_THREADS` threads.
+that the chief (`mdtrain train --strategy ps`) schedules in its loop
+(`loop.coordinator_fit`); `mdtrain launch --ps M` starts every task. See
+docs/multi-worker.md, "Parameter servers" (why each server gets at least
+`MIN_INTER_OP_THREADS` inter-op threads) and "Security" (unauthenticated gRPC).
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ import numpy as np
 import tensorflow as tf
 
 from mdtrain.compat import one_result_copy_at_a_time
-from mdtrain.loop import StepStats, build_optimizer, callback_list, metric_logs
+from mdtrain.loop import StepStats, build_optimizer, callback_list, evaluate
 from mdtrain.pipeline import InputData
 
 
@@ -52,7 +52,8 @@ def coordinator_fit(
         cbs.on_epoch_begin(epoch)
         logs = blocks.epoch(cbs, steps_per_epoch, log_every)
         if val_ds is not None:
-            logs.update(_evaluate(trainer, val_ds, cbs))
+            # On the chief alone: Keras' `evaluate` cannot run under parameter servers.
+            logs.update(evaluate(trainer, val_ds, cbs, trainer.test_step))
         cbs.on_epoch_end(epoch, logs)
         if trainer.stop_training:
             break
@@ -134,17 +135,6 @@ def _timed_step(strategy, trainer, iterator):
 def _means(sums) -> dict[str, float]:
     loss_sum, correct, examples = sums
     return {"loss": float(loss_sum / examples), "accuracy": float(correct / examples)}
-
-
-def _evaluate(trainer, val_ds, cbs) -> dict[str, float]:
-    """`val_loss` and `val_accuracy`, on the chief alone (Keras' `evaluate` cannot run here)."""
-    trainer.reset_metrics()
-    cbs.on_test_begin()
-    for batch in val_ds:
-        trainer.test_step(batch)
-    logs = metric_logs(trainer, "val_")
-    cbs.on_test_end(logs)
-    return logs
 
 
 def cluster_size() -> dict[str, int]:
