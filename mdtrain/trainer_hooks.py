@@ -2,8 +2,8 @@
 
 `ExactFitHooks` (Keras' `fit` on the trainer's own compiled steps, validating through one
 iterator a pass) and `skip_together` (an overflow on any replica skips the step on all):
-docs/numerics.md. The private Keras names
-the hooks override are listed and checked at import in `mdtrain.compat`.
+docs/numerics.md. The private Keras names the hooks override are listed and checked at
+import in `mdtrain.compat`.
 """
 
 from __future__ import annotations
@@ -56,12 +56,10 @@ class ExactFitHooks:
             x = x.filter(_keep)  # its cardinality unknown: a length to hide
         validation = kwargs.get("validation_data")
         if _known_length(validation) > 0 and kwargs.get("validation_steps") is None:
-            # Each validation pass through one iterator: `evaluate` makes its pass's, and then,
-            # knowing the dataset's length, a spare that the next pass replaces unused (Keras
-            # 3.15's `EpochIterator`), 0.1-0.25 s on 2 CPU replicas; `tests/test_loop.py`
-            # counts them. Every batch is still read once a pass. (Training keeps Keras' own
-            # iterators: a spare moves a reshuffling dataset's seed on, and `fit` on one
-            # device, which the trainer matches, makes them too.)
+            # One iterator a validation pass: knowing a dataset's length, Keras 3.15's
+            # `EpochIterator` makes a spare at each pass's end, 0.1-0.25 s on 2 CPU replicas,
+            # that the next pass replaces unused (`tests/test_loop.py` counts them). Training
+            # keeps its spares: they move a reshuffling dataset's seed on, as on one device.
             kwargs["validation_steps"] = _known_length(validation)
             kwargs["validation_data"] = validation.filter(_keep)
         return super().fit(x, *args, steps_per_epoch=steps_per_epoch, **kwargs)
