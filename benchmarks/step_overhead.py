@@ -32,8 +32,10 @@ runs from the end of its first call of the train function to the end of its
 last (no iterator creation, no first fetch). Each variant's ratio to
 `keras_fit` is taken call by call (the same process, dataset and call
 number); the result holds medians, quartiles and the min-max spread of the
-rates and ratios, every call's figures (`runs`: whole-call steps/s, CPU ms
-per step, steady steps/s), and the process's CPU ms per step.
+rates and ratios, every call's figures (`runs`, in the order of `FIGURES`:
+whole-call steps/s, CPU ms per step, steady steps/s, and the milliseconds
+before training begins, to the end of the first call, and after the last),
+their medians, and the process's CPU ms per step.
 
 `--settings` runs the same rounds under host thread settings, one process per
 setting per round, in an order rotated round by round (`SETTINGS` lists
@@ -80,6 +82,13 @@ VARIANTS = ("keras_fit", "keras_fit_spe16", "exact_fit", "exact_fit_spe16", "exa
             "exact_custom_fit_spe16")  # fmt: skip
 DEFAULT_VARIANTS = ("keras_fit", "exact_fit", "exact_fit_spe16", "exact_custom_fit_spe16")
 DATASETS = ("finite", "repeated")
+#: What each timed call records, in this order (`runs`): its rates, then where the time
+#: outside its steps goes: before training begins (`fit`'s data adapter and callbacks), from
+#: then to the end of the first call of the train function (the distributed iterator made, and
+#: the call's own steps), and from the end of the last call to `on_train_end` (the epoch's end:
+#: under Keras' `fit`, a spare iterator for a next epoch).
+FIGURES = ("steps_per_sec", "cpu_ms_per_step", "steady_steps_per_sec",
+           "ms_before_begin", "ms_to_first_call_end", "ms_after_last_call")  # fmt: skip
 #: Host thread settings a round can run under: TensorFlow's pools (set before it starts its
 #: devices), tf.data's (on the dataset), or the process's environment (OpenMP, oneDNN).
 SETTINGS = {
@@ -123,6 +132,7 @@ def _clock():
 
     class Clock(keras.callbacks.Callback):
         def on_train_begin(self, logs=None):
+            self.begin = time.perf_counter()
             self.calls = []  # (time, steps done so far) at the end of each call
 
         def on_train_batch_end(self, batch, logs=None):
@@ -135,7 +145,7 @@ def _clock():
 
 
 def _timed_call(name: str, model, strategy, dataset, steps: int | None) -> list[float]:
-    """One `fit` (or `custom_fit`) call: [steps/s, CPU ms per step, steady-state steps/s].
+    """One `fit` (or `custom_fit`) call: its figures, in the order of `FIGURES`.
 
     `steps` None: one pass over a finite dataset (its length is the epoch).
     """
@@ -154,8 +164,14 @@ def _timed_call(name: str, model, strategy, dataset, steps: int | None) -> list[
     # deletion after it can stall for seconds in any variant (`compat.without_autotuning`).
     done = clock.calls[-1][1]
     (first, first_done), (last, _) = clock.calls[0], clock.calls[-1]
-    return [done / (clock.at[0] - wall), 1e3 * (clock.at[1] - cpu) / done,
-            (done - first_done) / (last - first)]  # fmt: skip
+    return [
+        done / (clock.at[0] - wall),
+        1e3 * (clock.at[1] - cpu) / done,
+        (done - first_done) / (last - first),
+        1e3 * (clock.begin - wall),
+        1e3 * (first - clock.begin),
+        1e3 * (clock.at[0] - last),
+    ]
 
 
 def _datasets(steps: int, setting: dict) -> dict:
@@ -252,7 +268,8 @@ def _spread(values: list[float], digits: int) -> dict:
 
 def _summary(runs: dict[str, list]) -> dict:
     """Per key (`[prefix/]dataset/variant`): median steps/s (whole call and steady state),
-    quartiles, spread and CPU ms per step; its ratio to `keras_fit` call by call."""
+    quartiles, spread, CPU ms per step and where a call's other time goes; its ratio to
+    `keras_fit` call by call."""
     result = {}
     for key, values in runs.items():
         errors = [value for value in values if isinstance(value, str)]
@@ -262,6 +279,9 @@ def _summary(runs: dict[str, list]) -> dict:
         base = runs.get(key.rsplit("/", 1)[0] + "/keras_fit")
         entry = {"calls": len(values),
                  "cpu_ms_per_step": round(statistics.median(v[1] for v in values), 2)}  # fmt: skip
+        for index, figure in list(enumerate(FIGURES))[3:]:  # older records lack them
+            if all(len(value) > index for value in values):
+                entry[figure] = round(statistics.median(value[index] for value in values), 1)
         for figure, index in (("", 0), ("steady_", 2)):
             rates = [value[index] for value in values]
             stats = _spread(rates, 1)

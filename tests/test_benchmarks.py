@@ -239,6 +239,9 @@ def test_step_overhead_measures_every_default_variant_on_both_datasets(tmp_path)
             entry = variants[f"default/{dataset}/{name}"]
             assert "error" not in entry, (dataset, name, entry)
             assert entry["calls"] == 1 and entry["steps_per_sec"] > 0 and entry["vs_keras_fit"] > 0
+            # where the call's time outside its steps went: each part measured
+            assert entry["ms_to_first_call_end"] > 0, (dataset, name, entry)
+            assert entry["ms_before_begin"] >= 0 and entry["ms_after_last_call"] >= 0
 
 
 @pytest.mark.parametrize(
