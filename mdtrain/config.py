@@ -61,8 +61,7 @@ class TrainConfig:
             `small-cnn` and 224 for the EfficientNets.
         augment_in: `"auto"`, `"pipeline"` or `"model"`; see `augment_place`.
         backup_dir: a folder for backups that let an interrupted run resume.
-        cache: `"auto"`, `"memory"`, `"disk"` or `"none"`
-            (see `InputData`'s `cache`); `cache_dir` holds a disk cache.
+        cache: `"auto"`, `"memory"`, `"disk"` or `"none"` (data/README.md, "Caching").
         monitor: `"auto"`, `"widget"`, `"text"` or `"none"`: how progress shows.
         verbose: 0 silent, 1 a progress bar, 2 a line per epoch.
         log_every: under parameter-server training (`strategy="ps"`), steps

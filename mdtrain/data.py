@@ -255,9 +255,7 @@ def load_splits(
 ) -> Splits:
     """Finds training and validation images and the class names of a dataset.
 
-    Validation comes from, in this order: `val_dir`; a `val/` folder beside
-    `train/` inside `data_dir`; a stratified `validation_split` of the
-    training images; or nowhere (`Splits.val` is None).
+    Where validation comes from, in which order: data/README.md.
 
     Args:
         data_dir: a folder of class folders, or one holding `train/` and `val/` ones.
@@ -270,7 +268,7 @@ def load_splits(
             that fail. Defaults to True.
 
     Returns:
-        A `Splits`.
+        A `Splits`, whose `val` is None without validation.
 
     Raises:
         UsageError: on a missing folder, fewer than two classes, no images,

@@ -133,16 +133,9 @@ def make_strategy(strategy: str = "auto") -> tf.distribute.Strategy:
     Call `configure_devices(strategy)` before, in the same process.
 
     Args:
-        strategy: the `--strategy` name. `auto`: a TPU if one is attached,
-            else MirroredStrategy over every GPU, else over 2 virtual CPU
-            replicas, so the distributed code path always runs. `mirrored`:
-            every GPU (one CPU replica without). `multiworker`:
-            MultiWorkerMirroredStrategy over the cluster of `TF_CONFIG` (set
-            by `mdtrain launch`, Kubernetes, ...) or Slurm. `tpu`. `one`: one
-            device, no distribution. `cpu:N`: N virtual CPU replicas, with a
-            real all-reduce. `ps`: ParameterServerStrategy, only in the chief
-            of a cluster with `ps` tasks (`mdtrain launch --ps M`).
-            Defaults to `"auto"`.
+        strategy: the `--strategy` name: `auto`, `mirrored`, `multiworker`,
+            `tpu`, `one`, `cpu:N` or `ps`, each described in README.md, "The
+            command". Defaults to `"auto"`.
 
     Returns:
         The strategy; `strategy.num_replicas_in_sync` tells how many replicas.

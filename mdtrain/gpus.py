@@ -80,13 +80,9 @@ def worker_devices(
 ) -> WorkerDevices:
     """Chooses the devices of `num_workers` local workers: GPUs if each can have one, else CPUs.
 
-    With at least one GPU per worker, each worker gets `len(gpus) // num_workers`
-    of them (Kaggle's 2×T4, 2 workers: one T4 each). With fewer GPUs than
-    workers (Colab's one GPU, 2 workers) every worker runs on the CPU, rather
-    than two processes fighting over one GPU's memory. Pass `gpus_per_worker`
-    and `cuda_visible_devices` on to every run that is to be compared, so that
-    like is compared with like. `mdtrain launch` makes the same choice, unless
-    `--gpus-per-worker` asks for another.
+    `mdtrain launch`'s choice (docs/multi-worker.md, "Try it on one machine").
+    Pass `gpus_per_worker` and `cuda_visible_devices` on to every run that is
+    to be compared, so that like is compared with like.
 
     Args:
         num_workers: How many workers. Must be at least 1.
@@ -94,7 +90,8 @@ def worker_devices(
             sees (its `CUDA_VISIBLE_DEVICES`, else those NVML counts).
         gpus_per_worker: GPUs of each worker, K: worker `i` gets
             `gpus[i*K:(i+1)*K]`, GPUs left over are not used; `0` puts every
-            worker on the CPU. Defaults to `None`: the choice above.
+            worker on the CPU. Defaults to `None`: `len(gpus) // num_workers`,
+            0 with fewer GPUs than workers.
 
     Returns:
         A `WorkerDevices`.

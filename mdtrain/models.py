@@ -83,12 +83,8 @@ def build_model(
 ) -> keras.Model:
     """Builds a classifier by name: one of `mdtrain train --model`'s choices.
 
-    An EfficientNet's base is the layer named `"base"`. With ImageNet weights
-    (or a weights file) it is frozen and runs BatchNormalization in inference
-    mode, also after `unfreeze_top`, so it is exact under any strategy. An
-    EfficientNetV2 base stays frozen with `weights="none"` too; to train an
-    EfficientNet from random initialisation, use `efficientnet-lite0` with
-    `weights="none"`: its whole network trains, with exact BatchNormalization.
+    An EfficientNet's base is the layer named `"base"`; which bases train, and
+    how they normalise: README.md, "The command".
 
     Args:
         name: `small-cnn`, an EfficientNetV2 variant (`efficientnetv2-b0`…) or

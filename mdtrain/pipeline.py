@@ -117,18 +117,11 @@ class InputData:
             replica's device (`ExactTrainer(augment=policy)`), to the same
             pixels, as `mdtrain train` does by default. Defaults to
             `"pipeline"`, whose batches any Keras model can take.
-        cache: `"memory"` keeps the decoded images after the first epoch
-            (filled while training); `"disk"` writes them to a cache folder
-            instead, for sets larger than memory; `"none"` decodes the files
-            every epoch; `"auto"` picks `"memory"` when the decoded set takes
-            at most a quarter of the available memory, else `"disk"` when
-            `cache_dir` is given, else `"none"`. True and False mean
-            `"memory"` and `"none"`. Defaults to `"auto"`.
+        cache: where the decoded images are kept: `"memory"`, `"disk"`,
+            `"none"` or `"auto"` (data/README.md, "Caching"). Defaults to `"auto"`.
         deterministic: keep the exact order even when parallel decoding
             finishes out of order. Defaults to False.
-        cache_dir: folder of a disk cache; None uses mdtrain's cache folder
-            (`$MDTRAIN_CACHE_DIR`, else `$XDG_CACHE_HOME/mdtrain`, else
-            `~/.cache/mdtrain`). Defaults to None.
+        cache_dir: folder of a disk cache; None: mdtrain's cache folder. Defaults to None.
         cache_task: this process's task in a multi-worker cluster
             (`"worker-1"`), so that each fills a disk cache of its own; None
             outside one. Defaults to None.
@@ -221,13 +214,7 @@ class InputData:
     def epoch_batches(self, epoch: int, context=None) -> tf.data.Dataset:
         """The training batches of one epoch; their order depends only on (seed, epoch).
 
-        Epoch 0 decodes the files in a seeded shuffle of their names (and
-        fills the cache in that order); epoch k > 0 shuffles that order again
-        by a seed of k, so `memory` and `none` give the same batches (after a
-        disk cache the shuffle buffer holds 1,024 images, so later epochs mix
-        less). With `deterministic=False` parallel decoding may hand images
-        over slightly out of order (never across epochs), which keeps every
-        core busy when file costs vary.
+        How each epoch is ordered: data/README.md, "Caching".
 
         Args:
             epoch: the epoch's number, from 0.
@@ -241,7 +228,6 @@ class InputData:
         cached = self._train_cached is not None
         ds = self._train_cached if cached else self._first_order
         if epoch > 0:  # epoch 0's order shuffled again, by a seed of this epoch's
-            # After a disk cache, a buffer of 1,024 decoded images: a bounded memory cost.
             buffer = 1024 if self.cache_mode == "disk" else self.num_train
             ds = self._shuffled(ds, epoch, buffer)
         return self._batches(ds, self.num_train, cached, epoch, context)
@@ -308,9 +294,7 @@ class InputData:
     ) -> tf.data.Dataset:
         """Training batches of epochs `first_epoch`…`last_epoch - 1` back to back, prefetched.
 
-        Each epoch is its own shuffled pass over the (cached) images, chained
-        with `concatenate`; a resumed run starting at epoch k gets exactly the
-        batches an uninterrupted run saw from epoch k on.
+        Each epoch is its own shuffled pass (`epoch_batches`), chained with `concatenate`.
 
         Args:
             first_epoch: the first epoch's number. Defaults to 0.

@@ -89,13 +89,8 @@ def run_workers(
 ) -> int:
     """Runs `command` as `num_workers` cooperating workers and waits for them.
 
-    Each worker gets a free port on `host`, its own `TF_CONFIG` (worker 0 is the
-    chief), `MDTRAIN_WORKER_INDEX`, `MDTRAIN_ATTEMPT` (1, 2, ...) and, like every
-    task mdtrain starts, `CUDA_DEVICE_ORDER=PCI_BUS_ID` (GPUs numbered as
-    `nvidia-smi` numbers them). Output lines go to `stream` as `[worker i] ...`
-    and are appended to `log_dir/worker-i.log` under a `=== attempt k ===` header.
-    A worker that exits non-zero stops the others; while restarts are left all
-    start again on fresh ports, and resuming is the command's job (`--backup-dir`).
+    `mdtrain launch`'s workers: their ports, environment, logs and restarts are
+    docs/multi-worker.md's, "Try it on one machine" and "Fault tolerance".
     Keep `host` on loopback or a trusted network (docs/multi-worker.md, "Security").
 
     Args:

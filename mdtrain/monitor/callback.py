@@ -30,15 +30,9 @@ from mdtrain.monitor.throughput import ThroughputMeter
 class MonitorCallback(keras.callbacks.Callback):
     """The training monitor: a dashboard in notebooks, text elsewhere, a summary at the end.
 
-    Measures images/sec, step time and input wait, and samples GPUs and CPU.
-    ``display="auto"`` shows the ipywidgets dashboard inside a notebook kernel
-    (unless ``MDTRAIN_SMOKE=1``) and one text line per epoch otherwise;
-    ``"none"`` measures without printing. At the end it prints the summary,
-    first line ``mdtrain monitor: ...``; in a notebook kernel the chart of the
-    run (images/sec and utilisation over time) comes above it as a PNG, which
-    a saved notebook keeps for viewers without a kernel (GitHub, nbviewer,
-    Kaggle). ``monitor.summary()`` gives the figures and verdict after
-    training. ``mdtrain.make_monitor`` is this class.
+    Measures images/sec, step time and input wait, samples GPUs and CPU, shows
+    them as ``display`` says and prints a summary at the end (docs/figures.md,
+    "Where the monitor shows"). ``mdtrain.make_monitor`` is this class.
 
     The input wait is measured, never inferred: train on ``monitor.watch(...)``,
     or with mdtrain's `ExactTrainer`. What each figure counts and how it is
@@ -49,8 +43,7 @@ class MonitorCallback(keras.callbacks.Callback):
         epochs: Total epochs, for progress and ETA. Defaults to ``None``
             (taken from ``fit``'s parameters when available).
         steps_per_epoch: Steps per epoch. Defaults to ``None`` (likewise).
-        display: ``"widget"``, ``"text"``, ``"none"`` or ``"auto"`` (see
-            above). Defaults to ``"auto"``.
+        display: ``"widget"``, ``"text"``, ``"none"`` or ``"auto"``. Defaults to ``"auto"``.
         interval_s: Seconds between device samples. Defaults to ``0.5``.
         augments_on_device: Whether the training step augments
             (``mdtrain train``'s default, ``--augment-in model``), for the verdict's advice.

@@ -1,12 +1,6 @@
 """The live notebook dashboard: core ipywidgets plus the monitor's chart.
 
-No JupyterLab extension beyond ipywidgets' own, and only widgets ipywidgets 7
-and 8 share, so it renders on Colab (7.7.1) and Kaggle (8.1.5). Widgets are
-updated from a background thread once a second: the training thread only records
-numbers, which keeps the monitor's cost per step in microseconds (see
-benchmarks/monitor_overhead.py). Each changed widget is one kernel message: at 4
-refreshes a second, 52 s of training sent up to 880, and a client that reads output
-only after the cell (nbval) then saw the kernel's output stall for over 5 s.
+Why these widgets, refreshed once a second: docs/figures.md, "Where the monitor shows".
 """
 
 from __future__ import annotations
@@ -89,11 +83,7 @@ class Dashboard:
         self._thread.start()
 
     def stop(self) -> None:
-        """Stops the refresh thread, shows the run's final figures and verdict, hides the chart.
-
-        The monitor leaves the final chart below the widget as a plain image
-        (`MonitorCallback`), which a saved notebook keeps: here it would show twice.
-        """
+        """Stops the refresh thread, shows the final figures and verdict, hides the live chart."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5.0)
