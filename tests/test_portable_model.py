@@ -74,14 +74,19 @@ def _last_json(script: str, *args: str, cwd) -> dict:
     return json.loads(process.stdout.strip().splitlines()[-1])
 
 
+def load_without_mdtrain(folders: list, images: list[str], cwd) -> dict:
+    """`{folder: {"probabilities", "layers"}}`: each `folder/model.keras` loaded by plain Keras."""
+    return _last_json(PLAIN_KERAS, ",".join(map(str, folders)), *images, cwd=cwd)
+
+
 @pytest.fixture(scope="module")
 def both_sides(tmp_path_factory, tiny_dataset) -> dict:
     """`{case: (what mdtrain predict said, what plain Keras loaded)}` for every case."""
     work = tmp_path_factory.mktemp("portable")
     images = sorted(str(p) for p in (tiny_dataset / "val").rglob("*.jpg"))
     said = _last_json(MDTRAIN, str(tiny_dataset), str(work), json.dumps(CASES), *images, cwd=work)
-    folders = ",".join(str(work / f"{model}-{batch_norm}") for model, batch_norm in CASES)
-    loaded = _last_json(PLAIN_KERAS, folders, *images, cwd=work)
+    folders = [work / f"{model}-{batch_norm}" for model, batch_norm in CASES]
+    loaded = load_without_mdtrain(folders, images, cwd=work)
     return {case: (said[case], loaded[str(work / case)]) for case in said}
 
 

@@ -289,7 +289,7 @@ def test_training_goes_on_when_a_worker_is_killed(tiny_dataset, tmp_path):
 
 @pytest.mark.slow
 def test_cli_launch_ps_trains_and_writes_outputs(tiny_dataset, tmp_path):
-    from tests.test_portable_model import PLAIN_KERAS
+    from tests.test_portable_model import load_without_mdtrain
 
     out = tmp_path / "run"
     done = run_mdtrain(
@@ -327,10 +327,7 @@ def test_cli_launch_ps_trains_and_writes_outputs(tiny_dataset, tmp_path):
     assert lines[-1] == "[launch] the chief exited with code 0; stopping the servers", lines[-3:]
     # The one output writer: the model loads with plain Keras in a process without mdtrain.
     images = sorted(str(p) for p in (tiny_dataset / "val").rglob("*.jpg"))
-    plain = subprocess.run([sys.executable, "-c", PLAIN_KERAS, str(out / "model.keras"), *images],
-                           capture_output=True, text=True, cwd=tmp_path)  # fmt: skip
-    assert plain.returncode == 0, plain.stderr[-3000:]
-    layers = json.loads(plain.stdout.strip().splitlines()[-1])["layers"]
+    layers = load_without_mdtrain([out], images, cwd=tmp_path)[str(out)]["layers"]
     assert "BatchNormalization" in layers and not [n for n in layers if n.startswith("Exact")]
     assert json.loads((out / "history.json").read_text()) == report["history"]
     # Each epoch's row is the curve's point at its end (3 steps each here): one set of figures.
