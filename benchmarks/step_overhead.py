@@ -279,7 +279,7 @@ def _summary(runs: dict[str, list]) -> dict:
         base = runs.get(key.rsplit("/", 1)[0] + "/keras_fit")
         entry = {"calls": len(values),
                  "cpu_ms_per_step": round(statistics.median(v[1] for v in values), 2)}  # fmt: skip
-        for index, figure in list(enumerate(FIGURES))[3:]:  # older records lack them
+        for index, figure in enumerate(FIGURES[3:], start=3):  # older records lack them
             if all(len(value) > index for value in values):
                 entry[figure] = round(statistics.median(value[index] for value in values), 1)
         for figure, index in (("", 0), ("steady_", 2)):

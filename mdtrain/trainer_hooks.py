@@ -55,12 +55,13 @@ class ExactFitHooks:
         if steps_per_epoch and self.steps_per_execution > 1 and _known_length(x) >= 0:
             x = x.filter(_keep)  # its cardinality unknown: a length to hide
         validation = kwargs.get("validation_data")
-        if _known_length(validation) > 0 and kwargs.get("validation_steps") is None:
+        validation_length = _known_length(validation)
+        if validation_length > 0 and kwargs.get("validation_steps") is None:
             # One iterator a validation pass: knowing a dataset's length, Keras 3.15's
             # `EpochIterator` makes a spare at each pass's end, 0.1-0.25 s on 2 CPU replicas,
             # that the next pass replaces unused (`tests/test_loop.py` counts them). Training
             # keeps its spares: they move a reshuffling dataset's seed on, as on one device.
-            kwargs["validation_steps"] = _known_length(validation)
+            kwargs["validation_steps"] = validation_length
             kwargs["validation_data"] = validation.filter(_keep)
         return super().fit(x, *args, steps_per_epoch=steps_per_epoch, **kwargs)
 
