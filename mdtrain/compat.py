@@ -19,6 +19,8 @@ from collections.abc import Iterator
 
 import keras
 import tensorflow as tf
+from keras.src.trainers.data_adapters.tf_dataset_adapter import TFDatasetAdapter
+from keras.src.trainers.epoch_iterator import EpochIterator
 from tensorflow.python.data.ops import multi_device_iterator_ops
 from tensorflow.python.distribute.coordinator import values as coordinator_values
 from tensorflow.python.framework import config as tf_config
@@ -31,6 +33,9 @@ _NEEDED = (
     (keras.Model, "_maybe_symbolic_build"),
     (keras.Model, "_symbolic_build"),
     (keras.Model, "make_train_function"),
+    # `spares_undistributed`, and the attributes its condition reads (`_SPARE_CONDITION`)
+    (EpochIterator, "_get_iterator"),
+    (EpochIterator, "_enumerate_iterator"),
     # the functions below
     (tf.distribute.MirroredStrategy, "_collective_key_base"),
     (multi_device_iterator_ops, "_create_device_dataset"),
@@ -41,12 +46,23 @@ _NEEDED = (
 )
 
 
+#: What `EpochIterator._enumerate_iterator` reads to decide on a spare iterator, as
+#: `spares_undistributed` reads it: instance attributes, found in the method's code.
+_SPARE_CONDITION = ("steps_per_epoch", "_num_batches", "_steps_seen", "_get_iterator")
+
+
 def check() -> None:
     """Raises `ImportError` if a private name mdtrain relies on is gone."""
     missing = [
         f"{getattr(owner, '__name__', owner)}.{name}"
         for owner, name in _NEEDED
         if not hasattr(owner, name)
+    ]
+    read = getattr(getattr(EpochIterator, "_enumerate_iterator", None), "__code__", None)
+    missing += [
+        f"EpochIterator.{name}"
+        for name in _SPARE_CONDITION
+        if read is None or name not in read.co_names
     ]
     if missing:
         oldest, newest = (".".join(map(str, v)) for v in TESTED["keras"])
@@ -78,6 +94,31 @@ def without_autotuning(ds: tf.data.Dataset) -> tf.data.Dataset:
     options = tf.data.Options()
     options.autotune.enabled = False
     return ds.with_options(options)
+
+
+def spares_undistributed(epoch_iterator) -> None:
+    """Has Keras' `epoch_iterator` make the iterators it throws away from the plain dataset."""
+    # Keras 3.13-3.15's `EpochIterator._enumerate_iterator`, knowing a dataset's length and no
+    # `steps_per_epoch`, makes an iterator at each pass's end, which the next pass replaces
+    # unused: its start makes its own. The spare must still be made, since making it moves a
+    # reshuffling dataset's seed on (`shuffle(seed=...)`: the epochs' order on one device).
+    # A distributed iterator costs 80-100 ms on 2 CPU replicas (a `MultiDeviceIterator` set
+    # up); the dataset's own costs 0.3 ms and draws the same seeds (`tests/test_loop.py`).
+    # No upstream issue: on one device the spare costs nothing.
+    adapter = getattr(epoch_iterator, "data_adapter", None)
+    if not isinstance(adapter, TFDatasetAdapter) or hasattr(epoch_iterator, "_mdtrain_spares"):
+        return  # another input (arrays make a new dataset a call), or done before
+    plain, distributed = adapter.get_tf_dataset(), epoch_iterator._get_iterator
+
+    def next_iterable():
+        thrown_away = (
+            epoch_iterator.steps_per_epoch is None
+            and epoch_iterator._num_batches
+            and epoch_iterator._steps_seen >= epoch_iterator._num_batches
+        )
+        return plain if thrown_away else distributed()
+
+    epoch_iterator._get_iterator = epoch_iterator._mdtrain_spares = next_iterable
 
 
 def dataset_stages(ds: tf.data.Dataset) -> list[str]:

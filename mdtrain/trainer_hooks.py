@@ -1,9 +1,9 @@
-"""`ExactTrainer`'s two departures from Keras' own training machinery, both for its numerics.
+"""`ExactTrainer`'s departures from Keras' own training machinery.
 
-`ExactFitHooks` (Keras' `fit` on the trainer's own compiled steps, validating through one
-iterator a pass) and `skip_together` (an overflow on any replica skips the step on all):
-docs/numerics.md. The private Keras names the hooks override are listed and checked at
-import in `mdtrain.compat`.
+`ExactFitHooks` (Keras' `fit` on the trainer's own compiled steps, making no distributed
+iterator it throws away) and `skip_together` (an overflow on any replica skips the step on
+all): docs/numerics.md. The private Keras names the hooks override are listed and checked
+at import in `mdtrain.compat`.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-import mdtrain.compat  # noqa: F401  (its check: the private names overridden here still exist)
+from mdtrain import compat  # its check at import: the private names used here still exist
 
 
 class ExactFitHooks:
@@ -22,7 +22,12 @@ class ExactFitHooks:
     # MultiWorkerMirroredStrategy (keras-team/keras#20585). A net that knows its input shape
     # needs no sample; `_symbolic_build` with no data then creates only the optimizer's and
     # metrics' variables.
+    # Keras hands this method the epoch iterator `fit` and `evaluate` are about to read: the
+    # one place to have it make its spare iterators undistributed (`compat`). Single-worker
+    # strategies only: a multi-worker strategy shards its copy of the dataset.
     def _maybe_symbolic_build(self, iterator=None, data_batch=None):
+        if iterator is not None and self.distribute_strategy.cluster_resolver is None:
+            compat.spares_undistributed(iterator)
         with self.distribute_strategy.scope():
             if not self.built and getattr(self.net, "inputs", None):
                 self.build(self.net.inputs[0].shape)  # a functional net knows its input
@@ -54,15 +59,6 @@ class ExactFitHooks:
         self._epoch_position = (steps_per_epoch, 0)  # steps per epoch, steps done in this one
         if steps_per_epoch and self.steps_per_execution > 1 and _known_length(x) >= 0:
             x = x.filter(_keep)  # its cardinality unknown: a length to hide
-        validation = kwargs.get("validation_data")
-        validation_length = _known_length(validation)
-        if validation_length > 0 and kwargs.get("validation_steps") is None:
-            # One iterator a validation pass: knowing a dataset's length, Keras 3.15's
-            # `EpochIterator` makes a spare at each pass's end, 0.1-0.25 s on 2 CPU replicas,
-            # that the next pass replaces unused (`tests/test_loop.py` counts them). Training
-            # keeps its spares: they move a reshuffling dataset's seed on, as on one device.
-            kwargs["validation_steps"] = validation_length
-            kwargs["validation_data"] = validation.filter(_keep)
         return super().fit(x, *args, steps_per_epoch=steps_per_epoch, **kwargs)
 
 

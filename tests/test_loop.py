@@ -88,6 +88,13 @@ def test_compat_check_fails_loudly_when_an_internal_moves(monkeypatch):
         compat.check()
 
 
+def test_compat_check_fails_loudly_when_the_spare_iterators_condition_moves(monkeypatch):
+    condition = (*compat._SPARE_CONDITION, "_steps_counted")  # as if Keras renamed one
+    monkeypatch.setattr(compat, "_SPARE_CONDITION", condition)
+    with pytest.raises(ImportError, match="EpochIterator._steps_counted"):
+        compat.check()
+
+
 def test_backups_find_the_dropout_random_state():
     """Resume is exact only if the dropout seed state is saved; Keras keeps it in `variables`."""
     from mdtrain.backup import _rng_state
@@ -221,24 +228,26 @@ def test_an_empty_replica_slice_is_augmented_in_the_model_like_one_device(monkey
     assert max_relative_difference(weights[4], weights[1]) < 1e-4
 
 
+def _examples(shuffled: bool = False) -> tf.data.Dataset:
+    """10 examples of 4 features in batches of 4 (the last of 2), reshuffled each pass if asked."""
+    rng = np.random.default_rng(0)
+    ds = tf.data.Dataset.from_tensor_slices((rng.random((10, 4), np.float32), np.arange(10) % 3))
+    return (ds.shuffle(10, seed=1) if shuffled else ds).batch(4)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("spe", [1, 2])
-def test_each_validation_pass_makes_one_iterator(monkeypatch, spe):
-    """Keras makes two an evaluation pass of a dataset of known length; the trainer makes one.
+def test_each_pass_makes_one_distributed_iterator(monkeypatch, spe):
+    """Keras' `fit` makes two a pass of a dataset of known length; the trainer makes one.
 
-    10 examples in batches of 4 (the last of 2) on 2 replicas, 3 epochs: validation adds
-    3 iterators, reads every batch (its last figure is `evaluate`'s) and leaves training
-    as it was.
+    3 epochs on 2 replicas: training makes 3 distributed iterators, not 6, and validation 3
+    more; validation reads every batch (its last figure is `evaluate`'s) and leaves
+    training as it was.
     """
     from tests.numerics_harness import side_by_side_strategies
 
     strategy = side_by_side_strategies((2,))[2]
-    data = np.random.default_rng(0).random((10, 4), dtype=np.float32)
-
-    def finite() -> tf.data.Dataset:
-        return tf.data.Dataset.from_tensor_slices((data, np.arange(10) % 3)).batch(4)
-
-    distributed_type = type(strategy.experimental_distribute_dataset(finite()))
+    distributed_type = type(strategy.experimental_distribute_dataset(_examples()))
     make_iterator, iterators = distributed_type.__iter__, []
 
     def counted(dataset):
@@ -253,13 +262,35 @@ def test_each_validation_pass_makes_one_iterator(monkeypatch, spe):
         iterators.clear()
         with monkeypatch.context() as patch:
             patch.setattr(distributed_type, "__iter__", counted)
-            history = trainer.fit(finite(), epochs=3, verbose=0, **validation)
+            history = trainer.fit(_examples(), epochs=3, verbose=0, **validation)
         return trainer, history, len(iterators)
 
     plain, _, training_iterators = trained()
-    validated, history, all_iterators = trained(validation_data=finite())
-    assert all_iterators - training_iterators == 3
-    last = validated.evaluate(finite(), return_dict=True, verbose=0)
+    validated, history, all_iterators = trained(validation_data=_examples())
+    assert (training_iterators, all_iterators) == (3, 6)
+    last = validated.evaluate(_examples(), return_dict=True, verbose=0)
     assert history.history["val_loss"][-1] == pytest.approx(last["loss"], rel=1e-6)
     for mine, theirs in zip(validated.net.get_weights(), plain.net.get_weights(), strict=True):
         np.testing.assert_array_equal(mine, theirs)
+
+
+@pytest.mark.slow
+def test_reshuffled_epochs_come_in_keras_order():
+    """Two `fit` calls of 3 epochs of a seeded reshuffling dataset on 2 replicas end with
+    Keras' weights on one device: each pass draws the seeds Keras' passes draw.
+    """
+    from tests.numerics_harness import side_by_side_strategies
+
+    strategy = side_by_side_strategies((2,))[2]
+    keras.utils.set_random_seed(0)
+    with strategy.scope():
+        trainer = ExactTrainer(_tiny_net())
+        trainer.compile(optimizer=keras.optimizers.SGD(0.5))
+    theirs = _tiny_net()
+    theirs.compile(keras.optimizers.SGD(0.5), "sparse_categorical_crossentropy")
+    for model in (trainer, theirs):
+        shuffled = _examples(shuffled=True)
+        for _ in range(2):
+            model.fit(shuffled, epochs=3, verbose=0, validation_data=_examples())
+    for mine, keras_weights in zip(trainer.net.get_weights(), theirs.get_weights(), strict=True):
+        np.testing.assert_allclose(mine, keras_weights, rtol=1e-5, atol=1e-6)
