@@ -354,7 +354,7 @@ def _printed(lines: list[str]) -> dict:
 
 def recipe_run(run: dict, work: str, record: dict) -> None:
     """Article 003's recipe on the same images (`recipe.recipe_fit`): the small CNN, `fit`."""
-    from recipe import recipe_fit
+    from recipe import recipe_fit, val_accuracy_on_every_image
 
     timer, tee = _epoch_timer(), _Tee()
     try:
@@ -370,7 +370,10 @@ def recipe_run(run: dict, work: str, record: dict) -> None:
         replicas=strategy.num_replicas_in_sync, global_batch_size=run["global_batch"],
         num_train=num_train, image_size=run["image_size"], epochs=run["epochs"],
         classes=len(train_ds.class_names),
-        val_accuracy=history.history.get("val_accuracy", [None])[-1],
+        val_accuracy=val_accuracy_on_every_image(
+            model, run["data"], run["image_size"], run["global_batch"]
+        ),
+        val_accuracy_in_fit=history.history.get("val_accuracy", [None])[-1],
         loss=history.history.get("loss", [None])[-1],
         weights_finite=_finite(model), **_rates(timer, num_train),
     )  # fmt: skip

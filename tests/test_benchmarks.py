@@ -36,6 +36,7 @@ pipeline = _script("pipeline")
 train = _script("train")
 step_overhead = _script("step_overhead")
 before_after = _script("before_after")
+recipe = _script("recipe")
 
 
 @pytest.fixture(scope="module")
@@ -137,6 +138,24 @@ def test_keras_recipe_is_image_dataset_from_directory_and_stops_on_a_bad_file(da
     with pytest.raises(tf.errors.InvalidArgumentError):
         for _ in pipeline.keras_directory(broken, 32, 16):
             pass
+
+
+def test_the_recipe_s_accuracy_is_taken_over_every_validation_image(data):
+    """`recipe.py` reports the recipe's model on all of `val/`, not what its `fit` read."""
+    import keras
+
+    keras.utils.set_random_seed(0)
+    layers = [keras.layers.Rescaling(1 / 255), keras.layers.Flatten(), keras.layers.Dense(5)]
+    model = keras.Sequential([keras.Input((32, 32, 3)), *layers])
+    model.compile(loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    one_by_one = keras.utils.image_dataset_from_directory(
+        data / "val", shuffle=False, batch_size=1, image_size=(32, 32), verbose=False
+    )
+    right = [int(np.argmax(model(x), axis=-1)[0] == y[0]) for x, y in one_by_one]
+    assert len(right) % 16  # a partial last batch, which a truncated read would leave out
+    assert recipe.val_accuracy_on_every_image(model, data, 32, 16) == pytest.approx(
+        np.mean(right), abs=1e-6
+    )
 
 
 def test_image_data_generator_gives_float_batches_and_sparse_labels(data):
