@@ -15,7 +15,7 @@ from mdtrain import compat  # its check at import: the private names used here s
 
 
 class ExactFitHooks:
-    """Mixin for `mdtrain.loop.ExactTrainer`: the two places where Keras' `fit` is changed."""
+    """Mixin for `mdtrain.loop.ExactTrainer`: where Keras' `fit` and `evaluate` are changed."""
 
     # Keras 3's fit/evaluate build the model from a first-batch sample reduced across replicas
     # with AddN, which fails when that batch splits unevenly (keras-team/keras#19246) and under
