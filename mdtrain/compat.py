@@ -43,6 +43,7 @@ _NEEDED = (
     (tf_config, "is_op_determinism_enabled"),
     (tf_config, "disable_op_determinism"),
     (tf.data.Dataset, "_as_serialized_graph"),
+    (tf.data.Dataset, "_inputs"),
 )
 
 
@@ -130,6 +131,28 @@ def dataset_stages(ds: tf.data.Dataset) -> list[str]:
     return [
         node.op for node in graph.node if node.op.endswith(("Dataset", "DatasetV2", "DatasetV3"))
     ]
+
+
+def dataset_kinds(dataset) -> set[str]:
+    """The class names of a dataset's stages, all the way up: `{"CacheDataset", ...}`.
+
+    `dataset`: a `tf.data.Dataset`, or a distributed one made from one; anything else has
+    no stages to read (an empty set).
+    """
+    # No public view again (`dataset_stages`); but every dataset lists the datasets it reads in
+    # `_inputs()`, which costs nothing, where the serialized graph copies the data a pipeline
+    # holds (a `from_tensor_slices` of a training set's arrays). The monitor's advice reads it;
+    # an `experimental_distribute_dataset` keeps its source as `_original_dataset`, and where
+    # that moves the advice is only less specific.
+    ds = getattr(dataset, "_original_dataset", dataset)
+    if not isinstance(ds, tf.data.Dataset):
+        return set()
+    kinds, upstream = set(), [ds]
+    while upstream:
+        dataset = upstream.pop()
+        kinds.add(type(dataset).__name__)
+        upstream.extend(dataset._inputs())
+    return kinds
 
 
 @contextlib.contextmanager

@@ -215,6 +215,8 @@ def run_monitor(config: TrainConfig, inputs: InputData, chief: bool) -> MonitorC
         steps_per_epoch=inputs.steps_per_epoch,
         display=config.monitor if chief else "none",
         augments_on_device=config.augment_place == "model",
+        cached=inputs.cache_mode != "none",
+        prefetched=True,  # `InputData`'s batches always are
     )
 
 

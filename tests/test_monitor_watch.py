@@ -94,6 +94,20 @@ def test_a_worker_feeding_several_replicas_is_stamped_once_a_step():
     assert [stamp.got for stamp in stamps] == sorted(stamp.got for stamp in stamps)
 
 
+def test_watch_reads_whether_the_pipeline_caches_and_prefetches(strategy):
+    """The advice leaves out what the watched pipeline does already, read from its stages."""
+    seen = {}
+    for name, ds in (("plain", pipeline(slow=True)), ("both", pipeline(slow=False)),
+                     ("prefetched", pipeline(slow=True).prefetch(2).repeat()),
+                     ("distributed", strategy.experimental_distribute_dataset(
+                         pipeline(slow=False)))):  # fmt: skip
+        monitor = make_monitor(BATCH, display="none")
+        monitor.watch(ds)
+        seen[name] = (monitor.cached, monitor.prefetched)
+    assert seen == {"plain": (False, False), "both": (True, True),
+                    "prefetched": (False, True), "distributed": (True, True)}  # fmt: skip
+
+
 def test_watch_refuses_what_it_cannot_watch():
     with pytest.raises(TypeError, match="tf.data.Dataset"):
         make_monitor(BATCH, display="none").watch([1, 2, 3])
@@ -109,6 +123,8 @@ def test_fit_on_a_watched_pipeline_gets_the_right_verdict(model, slow):
     assert summary.steps == 2 * STEPS and summary.images == 2 * STEPS * BATCH
     if slow:
         assert summary.verdict.startswith("input-bound (highly)"), summary
+        assert summary.verdict.endswith("cache the dataset, prefetch, or move augmentation "
+                                        "onto the device"), summary  # fmt: skip
     else:
         assert summary.input_wait_share < 0.05, summary
         assert not summary.verdict.startswith("input-bound"), summary
@@ -261,3 +277,21 @@ def test_watch_measures_under_op_determinism(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     verdict = done.stdout.split("VERDICT", 1)[1].splitlines()[0].strip()
     assert verdict.startswith("input-bound (highly)"), verdict
+
+
+@pytest.mark.parametrize("cache", ["memory", "none"])
+def test_mdtrain_train_s_monitor_knows_its_pipeline(tmp_path, cache):
+    """`mdtrain train` watches nothing where its trainer keeps the clock: its monitor is told
+    what `InputData` does, and that must be what the training batches' stages show."""
+    from mdtrain.compat import dataset_kinds
+    from mdtrain.config import TrainConfig
+    from mdtrain.data import load_splits
+    from mdtrain.parts import run_monitor
+    from mdtrain.pipeline import InputData
+
+    folder = make_synthetic_dataset(tmp_path / "d", per_class=5, image_size=32)
+    inputs = InputData(load_splits(folder), 32, 8, cache=cache)
+    monitor = run_monitor(TrainConfig(data=str(folder), cache=cache), inputs, chief=True)
+    stages = dataset_kinds(inputs.train_epochs(0, 1))
+    assert (monitor.cached, monitor.prefetched) == ("CacheDataset" in stages, True)
+    assert monitor.cached == (cache != "none") and "_PrefetchDataset" in stages

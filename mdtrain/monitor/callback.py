@@ -48,6 +48,9 @@ class MonitorCallback(keras.callbacks.Callback):
         augments_on_device: Whether the training step augments
             (``mdtrain train``'s default, ``--augment-in model``), for the verdict's advice.
             Defaults to ``False``.
+        cached: Whether the training dataset is cached, for the advice; ``watch``
+            reads it from the dataset it watches. Defaults to ``False``.
+        prefetched: Whether it is prefetched, likewise. Defaults to ``False``.
 
     Raises:
         ValueError: If ``display`` is not one of the four, or
@@ -71,11 +74,14 @@ class MonitorCallback(keras.callbacks.Callback):
         display: str = "auto",
         interval_s: float = 0.5,
         augments_on_device: bool = False,
+        cached: bool = False,
+        prefetched: bool = False,
     ) -> None:
         super().__init__()
         self.global_batch_size = int(global_batch_size)
         self.display = resolve_display(display)
         self.augments_on_device = augments_on_device
+        self.cached, self.prefetched = cached, prefetched
         self.meter = ThroughputMeter(self.global_batch_size)
         self.sampler = Sampler(interval_s)
         self.dashboard = None  # the live view of the latest run, with display="widget"
@@ -103,7 +109,8 @@ class MonitorCallback(keras.callbacks.Callback):
         each element over; a distributed dataset (for a custom loop) with its
         ``next()`` timed. How, and what it costs: docs/figures.md, "Input
         wait". Watch the training data only: a watched validation set would
-        be taken for it.
+        be taken for it. Its stages also tell the verdict whether the pipeline
+        caches and prefetches already (``cached``, ``prefetched``).
 
         Args:
             dataset: The training `tf.data.Dataset`, or a distributed one.
@@ -127,8 +134,12 @@ class MonitorCallback(keras.callbacks.Callback):
             ...  # the step, then callbacks.on_train_batch_end(step)
         ```
         """
+        from mdtrain.compat import dataset_kinds
         from mdtrain.monitor.watch import HostWait, StampQueue, watched
 
+        stages = dataset_kinds(dataset)  # what the pipeline does already, for the advice
+        if stages:
+            self.cached, self.prefetched = "CacheDataset" in stages, "_PrefetchDataset" in stages
         if self._stamps is None:
             self._stamps, self._host_wait = StampQueue(), HostWait()
             self._matcher = StampMatcher(self._stamps.drain)
@@ -273,6 +284,8 @@ class MonitorCallback(keras.callbacks.Callback):
             samples,
             augments_on_device=self.augments_on_device,
             mixed_precision=self._mixed_precision(),
+            cached=self.cached,
+            prefetched=self.prefetched,
             since=self._train_t0,
             allocator_peaks=self._allocator_peaks or allocator_peaks(),
             no_gpu=self.sampler.gpu_error,

@@ -24,6 +24,8 @@ def verdict(
     *,
     augments_on_device: bool = False,
     mixed_precision: bool = False,
+    cached: bool = False,
+    prefetched: bool = False,
 ) -> str:
     """Says in words what limits training speed, and what to try.
 
@@ -41,6 +43,9 @@ def verdict(
             moving it there out. Defaults to ``False``.
         mixed_precision: Whether the run computes in mixed precision already,
             so the advice leaves it out. Defaults to ``False``.
+        cached: Whether the training dataset is cached already
+            (``Dataset.cache`` upstream), so the advice leaves it out. Defaults to ``False``.
+        prefetched: Whether it is prefetched already, likewise. Defaults to ``False``.
 
     Returns:
         One sentence.
@@ -50,9 +55,7 @@ def verdict(
     >>> verdict(0.38, 41.0).split(" — ")[0]
     'input-bound (highly): the devices waited 38% of each step'
     """
-    fixes = "cache the dataset, prefetch, or move augmentation onto the device"
-    if augments_on_device:
-        fixes = "cache the dataset, prefetch, or give the input pipeline more CPU cores"
+    fixes = _input_fixes(augments_on_device, cached, prefetched)
     wait = input_wait_share
     # TensorFlow's profiler (its input-pipeline analyzer) calls a program HIGHLY
     # input-bound from 20% of step time spent waiting for input, MODERATELY from 5%.
@@ -84,6 +87,19 @@ def verdict(
         "unknown: no input-wait figure and no GPU to sample — train on "
         "monitor.watch(dataset) (fit or a custom loop) to measure the wait"
     )
+
+
+def _input_fixes(augments_on_device: bool, cached: bool, prefetched: bool) -> str:
+    """What to try for an input-bound run, leaving out what it does already."""
+    fixes = [fix for fix, done in (("cache the dataset", cached), ("prefetch", prefetched))
+             if not done]  # fmt: skip
+    if augments_on_device:
+        fixes.append("give the input pipeline more CPU cores")
+    else:
+        fixes.append("move augmentation onto the device")
+    if len(fixes) == 1:
+        return fixes[0]
+    return ", ".join(fixes[:-1]) + ("," if len(fixes) > 2 else "") + " or " + fixes[-1]
 
 
 @dataclass(frozen=True)
@@ -202,13 +218,16 @@ def summarize(
     *,
     augments_on_device: bool = False,
     mixed_precision: bool = False,
+    cached: bool = False,
+    prefetched: bool = False,
     since: float | None = None,
     allocator_peaks: tuple[tuple[str, int], ...] = (),
     no_gpu: str = "",
 ) -> Summary:
     """The run's `Summary` from its rates and device samples, verdict included.
 
-    ``since`` (``Sample.time``'s clock) keeps only the driver's own samples
+    ``augments_on_device``, ``mixed_precision``, ``cached`` and ``prefetched`` go to
+    `verdict`; ``since`` (``Sample.time``'s clock) keeps only the driver's own samples
     taken from then on; ``allocator_peaks`` and ``no_gpu`` go into the summary as they are.
     """
     names = dict.fromkeys(d.name for s in samples for d in s.devices)
@@ -221,6 +240,8 @@ def summarize(
         run.gpu_utilization,
         augments_on_device=augments_on_device,
         mixed_precision=mixed_precision,
+        cached=cached,
+        prefetched=prefetched,
     )
     return replace(run, verdict=said)
 

@@ -76,27 +76,35 @@ class _Totals:
             return statistics.median(self.first_call_seconds)
         return steps * self.later_seconds / self.later_steps if self.later_steps else None
 
-    def compiling_s(self, reference: _Totals) -> float:
-        """The left-out calls' seconds beyond a like call's of ``reference``: the compiling."""
-        excess = 0.0
+    def compiling_s(self, reference: _Totals) -> tuple[float, bool]:
+        """The left-out calls' seconds beyond a like call's of ``reference``: the compiling;
+        and whether some left-out call had no like call to be judged by."""
+        excess, unjudged = 0.0, False
         for seconds, steps, first_of_epoch in self.left_out_calls:
             typical = reference.typical_seconds(steps, first_of_epoch)
+            unjudged = unjudged or typical is None
             excess += seconds if typical is None else max(0.0, seconds - typical)
-        return excess
+        return excess, unjudged
 
     def rates(self, now: float, reference: _Totals | None = None) -> Rates:
-        """Rates on the epochs' clock, the compiling judged against ``reference``'s calls."""
-        compiling = self.compiling_s(reference or self)
+        """Rates on the epochs' clock, the compiling judged against ``reference``'s calls.
+
+        Where a left-out call has no like call to be judged by (the first epoch, while
+        every call so far compiled), its steps' time is unknown: no rate, rather than its
+        images over the epoch's boundaries alone.
+        """
+        compiling, unjudged = self.compiling_s(reference or self)
         running = now - self.open_epoch_t0 if self.open_epoch_t0 is not None else 0.0
         seconds = max(0.0, self.closed_epochs_s + running - self.validation_s - compiling)
         if self.open_epoch_t0 is None and not self.closed_epochs_s:
             seconds = self.call_seconds  # calls counted outside epochs: the recent ones
+        measured = seconds > 0 and not unjudged
         return Rates(
             steps=self.steps,
             images=self.images,
             seconds=seconds,
-            images_per_sec=self.images / seconds if seconds > 0 else None,
-            step_time_s=seconds / self.steps if self.steps else None,
+            images_per_sec=self.images / seconds if measured else None,
+            step_time_s=seconds / self.steps if measured and self.steps else None,
             input_wait_share=(
                 self.wait_s / self.waited_seconds if self.waited_seconds > 0 else None
             ),
