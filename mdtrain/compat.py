@@ -99,13 +99,10 @@ def without_autotuning(ds: tf.data.Dataset) -> tf.data.Dataset:
 
 def spares_undistributed(epoch_iterator) -> None:
     """Has Keras' `epoch_iterator` make the iterators it throws away from the plain dataset."""
-    # Keras 3.13-3.15's `EpochIterator._enumerate_iterator`, knowing a dataset's length and no
-    # `steps_per_epoch`, makes an iterator at each pass's end, which the next pass replaces
-    # unused: its start makes its own. The spare must still be made, since making it moves a
-    # reshuffling dataset's seed on (`shuffle(seed=...)`: the epochs' order on one device).
-    # A distributed iterator costs 80-100 ms on 2 CPU replicas (a `MultiDeviceIterator` set
-    # up); the dataset's own costs 0.3 ms and draws the same seeds (`tests/test_loop.py`).
-    # No upstream issue: on one device the spare costs nothing.
+    # Keras 3.13-3.15's `EpochIterator`, knowing a dataset's length and no `steps_per_epoch`,
+    # makes a spare at each pass's end that the next pass replaces unused. Making it moves a
+    # reshuffling dataset's seed on, so it must be made; undistributed it draws the same seeds
+    # in 0.3 ms, not 80-100 ms (benchmarks/README.md, `tests/test_loop.py`). No upstream issue.
     adapter = getattr(epoch_iterator, "data_adapter", None)
     if not isinstance(adapter, TFDatasetAdapter) or hasattr(epoch_iterator, "_mdtrain_spares"):
         return  # another input (arrays make a new dataset a call), or done before
@@ -134,16 +131,11 @@ def dataset_stages(ds: tf.data.Dataset) -> list[str]:
 
 
 def dataset_kinds(dataset) -> set[str]:
-    """The class names of a dataset's stages, all the way up: `{"CacheDataset", ...}`.
-
-    `dataset`: a `tf.data.Dataset`, or a distributed one made from one; anything else has
-    no stages to read (an empty set).
-    """
-    # No public view again (`dataset_stages`); but every dataset lists the datasets it reads in
-    # `_inputs()`, which costs nothing, where the serialized graph copies the data a pipeline
-    # holds (a `from_tensor_slices` of a training set's arrays). The monitor's advice reads it;
-    # an `experimental_distribute_dataset` keeps its source as `_original_dataset`, and where
-    # that moves the advice is only less specific.
+    """The class names of a dataset's stages, all the way up (`{"CacheDataset", ...}`); of a
+    distributed dataset, those of its source; of anything else, none."""
+    # Each dataset lists what it reads in `_inputs()`: free, where the serialized graph
+    # (`dataset_stages`) copies the data a pipeline holds. `_original_dataset` is the source of
+    # an `experimental_distribute_dataset`; should it move, the monitor's advice is only vaguer.
     ds = getattr(dataset, "_original_dataset", dataset)
     if not isinstance(ds, tf.data.Dataset):
         return set()

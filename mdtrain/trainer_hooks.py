@@ -22,9 +22,8 @@ class ExactFitHooks:
     # MultiWorkerMirroredStrategy (keras-team/keras#20585). A net that knows its input shape
     # needs no sample; `_symbolic_build` with no data then creates only the optimizer's and
     # metrics' variables.
-    # Keras hands this method the epoch iterator `fit` and `evaluate` are about to read: the
-    # one place to have it make its spare iterators undistributed (`compat`). Single-worker
-    # strategies only: a multi-worker strategy shards its copy of the dataset.
+    # Keras hands this method the epoch iterator `fit` and `evaluate` read: its spares are made
+    # undistributed here (`compat`), under single-worker strategies (multi-worker ones shard).
     def _maybe_symbolic_build(self, iterator=None, data_batch=None):
         if iterator is not None and self.distribute_strategy.cluster_resolver is None:
             compat.spares_undistributed(iterator)

@@ -91,15 +91,15 @@ def verdict(
 
 def _input_fixes(augments_on_device: bool, cached: bool, prefetched: bool) -> str:
     """What to try for an input-bound run, leaving out what it does already."""
-    fixes = [fix for fix, done in (("cache the dataset", cached), ("prefetch", prefetched))
-             if not done]  # fmt: skip
-    if augments_on_device:
-        fixes.append("give the input pipeline more CPU cores")
-    else:
-        fixes.append("move augmentation onto the device")
-    if len(fixes) == 1:
-        return fixes[0]
-    return ", ".join(fixes[:-1]) + ("," if len(fixes) > 2 else "") + " or " + fixes[-1]
+    todo = [
+        fix for fix, done in (("cache the dataset", cached), ("prefetch", prefetched)) if not done
+    ]
+    last = (
+        "give the input pipeline more CPU cores"
+        if augments_on_device
+        else "move augmentation onto the device"
+    )
+    return ", ".join(todo) + ("," if len(todo) > 1 else "") + (" or " if todo else "") + last
 
 
 @dataclass(frozen=True)
@@ -216,18 +216,15 @@ def summarize(
     rates: Rates,
     samples: Sequence[Sample],
     *,
-    augments_on_device: bool = False,
-    mixed_precision: bool = False,
-    cached: bool = False,
-    prefetched: bool = False,
     since: float | None = None,
     allocator_peaks: tuple[tuple[str, int], ...] = (),
     no_gpu: str = "",
+    **known: bool,
 ) -> Summary:
     """The run's `Summary` from its rates and device samples, verdict included.
 
-    ``augments_on_device``, ``mixed_precision``, ``cached`` and ``prefetched`` go to
-    `verdict`; ``since`` (``Sample.time``'s clock) keeps only the driver's own samples
+    ``known`` (what the run does already: ``augments_on_device``, ...) goes to `verdict`;
+    ``since`` (``Sample.time``'s clock) keeps only the driver's own samples
     taken from then on; ``allocator_peaks`` and ``no_gpu`` go into the summary as they are.
     """
     names = dict.fromkeys(d.name for s in samples for d in s.devices)
@@ -235,14 +232,7 @@ def summarize(
     run = Summary(
         **asdict(rates), devices=devices, allocator_peaks=tuple(allocator_peaks), no_gpu=no_gpu
     )
-    said = verdict(
-        run.input_wait_share,
-        run.gpu_utilization,
-        augments_on_device=augments_on_device,
-        mixed_precision=mixed_precision,
-        cached=cached,
-        prefetched=prefetched,
-    )
+    said = verdict(run.input_wait_share, run.gpu_utilization, **known)
     return replace(run, verdict=said)
 
 
