@@ -1,13 +1,9 @@
 """Image augmentation as one fused pass per batch: geometry and colour together.
 
-Flip, rotation and zoom are drawn per image as Keras' legacy
-`ImageDataGenerator` draws them and composed into one matrix per image;
-brightness and contrast become a per-image gain and per-channel offset. Each
-batch is then resampled once, which is faster and sharper than chaining Keras'
-RandomFlip, RandomRotation and RandomZoom layers.
-
-The resampling is a small gather kernel compiled by XLA, several times cheaper
-than `ImageProjectiveTransformV3`, Keras' layers' op (benchmarks/README.md).
+Flip, rotation and zoom are drawn per image as Keras' legacy `ImageDataGenerator` draws
+them and composed into one matrix per image; brightness and contrast become a per-image
+gain and per-channel offset. Each batch is then resampled once (`augment_batch`'s kernel),
+faster and sharper than chaining Keras' RandomFlip, RandomRotation and RandomZoom layers.
 Randomness is stateless: one seed, the same transforms on any replicas, resumed or not.
 """
 

@@ -1,10 +1,7 @@
 """mdtrain's fused augmentation as a Keras layer, for your own model or tf.data pipeline.
 
-`FusedAugmentation(policy)` stands in for Keras' `RandomFlip`, `RandomRotation`,
-`RandomZoom` (and `RandomBrightness`, `RandomContrast`) stack, in one
-resampling pass. Mapped over batches in tf.data, the input pipeline's CPU
-threads do the work; as the model's first layer, the accelerator does it
-inside the training step, each replica drawing its own transforms.
+Mapped over batches in tf.data, the input pipeline's CPU threads do the work; as the
+model's first layer, the accelerator does, each replica drawing its own transforms.
 """
 
 from __future__ import annotations

@@ -94,9 +94,8 @@ def resume_point(
 def _check_folder(root: Path, backup_dir, chief: bool = True) -> None:
     """Refuses a folder holding a format-1 backup, or a list of checkpoints not mdtrain's.
 
-    Only the chief checks the list: its manager would delete what the list
-    names, and it removes the list when it resumes (another worker could find
-    it gone while reading it).
+    Only the chief, whose manager would delete what the list names, checks the list: it
+    removes the list when it resumes, and another worker could find it gone mid-read.
     """
     format_1 = [path.name for path in _entries(root) if _is_format_1(path)]
     if format_1:
@@ -219,10 +218,8 @@ def _check_fingerprint(point: ResumePoint, fingerprint: dict | None, backup_dir)
 
 
 def _remove_leftovers(root: Path, keep: str | None, say) -> None:
-    """Removes mdtrain's files in `root` but the manifest and the checkpoint `keep` names.
-
-    Saves newer than `keep` (or any, without a manifest) a killed run left: each is named.
-    """
+    """Removes mdtrain's files in `root` but the manifest and the checkpoint `keep` names,
+    saying which saves (newer than `keep`, or any without a manifest) a killed run left."""
     kept = _numbered(keep) if keep else -1
     said = set()
     for path in sorted(_entries(root)):
@@ -253,9 +250,6 @@ def _remove(path: Path) -> None:
 
 def remove_backups(backup_dir: str | os.PathLike) -> None:
     """Deletes mdtrain's backup files (and the folder if then empty) after a finished run.
-
-    Only the manifest, the manager's checkpoints and, when it lists nothing
-    else, the manager's list; any other file in the folder is the user's.
 
     Args:
         backup_dir: the run's `--backup-dir`.
@@ -456,14 +450,10 @@ class BackupWriter:
                 return Path(manager.save(checkpoint_number=number))
         prefix = Path(self.manager.save(checkpoint_number=number))
         for path in prefix.parent.glob(f"{prefix.name}.*"):  # on disk before the manifest
-            _fsync(path)
+            with open(path, "rb") as file:
+                os.fsync(file.fileno())
         _write_manifest(self.root, prefix.name, point)
         return prefix
-
-
-def _fsync(path: Path) -> None:
-    with open(path, "rb") as file:
-        os.fsync(file.fileno())
 
 
 def _write_manifest(root: Path, checkpoint: str, point: ResumePoint) -> None:
@@ -512,8 +502,7 @@ class Backup(keras.callbacks.Callback):
             _restore_metrics(self.model, self.resumed_from)
 
     def on_train_batch_end(self, batch, logs=None):
-        # With N steps per call (`steps_per_execution`) a batch ends every N steps: the backup
-        # comes at the first end at or past each multiple of `every_steps`, where it stands.
+        # N steps per call: a backup at the first end at or past each multiple of `every_steps`.
         before, self._step = self._step, self.step_offset + batch + 1
         # The epoch's last step is saved by on_epoch_end, after validation.
         every = self.every_steps

@@ -114,12 +114,8 @@ def smallest_image_size(model: str) -> int:
 def check_image_size(model: str, image_size: int) -> None:
     """Raises `UsageError` unless `model` can take images of side `image_size`."""
     smallest = smallest_image_size(model)
-    check(
-        image_size >= smallest,
-        "image_size",
-        image_size,
-        f"{model} needs at least {smallest} pixels",
-    )
+    problem = f"{model} needs at least {smallest} pixels"
+    check(image_size >= smallest, "image_size", image_size, problem)
 
 
 def check_batch_sizes(per_replica: int | None, global_batch: int | None) -> None:

@@ -1,9 +1,8 @@
 """The `mdtrain` command: `data`, `train`, `launch`, `predict`.
 
-Kept thin: each subcommand parses its options into the arguments of one
-library function. Bad input of any kind ends in one line on standard error and
-exit code 2, never a traceback; TensorFlow is imported only by the commands
-that need it, after the options have been checked.
+Kept thin: each subcommand parses its options into the arguments of one library function.
+Bad input ends in one line and exit code 2, never a traceback, checked before the commands
+that need TensorFlow import it.
 """
 
 from __future__ import annotations
@@ -353,10 +352,9 @@ _DISPLAY_OPTIONS = ("command", "json")
 def config_from_args(argv: Sequence[str]) -> TrainConfig:
     """The checked `TrainConfig` of `mdtrain train ARGV`, as the command builds it.
 
-    The one conversion from the command line to a run's configuration: the
-    command, the benchmarks and the fault drill's chief scripts all use it, so
-    an option means the same wherever it is given. Display options (`--json`)
-    are the command's own and are left out.
+    The one conversion from the command line to a run's configuration, so that an
+    option means the same in the command, the benchmarks and a fault drill's chief
+    script; display options (`--json`) are left out.
 
     Args:
         argv: the arguments after `mdtrain train`, e.g. `["--epochs", "2"]`.

@@ -1,11 +1,7 @@
 """A wall clock inside TensorFlow graphs, also under op determinism.
 
-`tf.timestamp` is the clock of a graph, but op determinism
-(`tf.config.experimental.enable_op_determinism`, mdtrain's `--deterministic`)
-refuses it: "Timestamp cannot be called when determinism is enabled" (TF 2.21).
-Python's `time.time` through `tf.numpy_function` is allowed there, and reads
-the same wall clock, for the cost of taking the GIL once a call: about 0.1 ms
-of CPU on an idle core, up to 2 ms on a 2-core machine loaded 8 times over.
+Op determinism (`--deterministic`) refuses `tf.timestamp`; Python's `time.time` through
+`tf.numpy_function` reads the same clock there, at a cost: docs/figures.md, "Input wait".
 """
 
 from __future__ import annotations

@@ -243,9 +243,8 @@ class TrainConfig:
     def augment_place(self) -> str | None:
         """Where the run augments: `"pipeline"`, `"model"`, or None when it does not.
 
-        `auto` is the model, on every kind of replica: the pipeline draws each
-        image's transform, the step applies it (the same pixels either way), and
-        the CPU threads are left to decode; measured in benchmarks/README.md.
+        `auto` is the model, on every kind of replica: the same pixels, and the CPU threads
+        left to decode (benchmarks/README.md, "Augmenting in the pipeline or in the model").
         """
         if not self.augment:
             return None

@@ -343,10 +343,9 @@ def _mismatched_extensions(files: list[str]) -> list[SkippedFile]:
 def check_dataset(data_dir: str | os.PathLike) -> CheckReport:
     """Scans a dataset with the training decoder and reports what it holds.
 
-    Reports classes, images per class (per split when there is a `train/` and
-    `val/` layout), the imbalance ratio, files that cannot be decoded, and files
-    whose content is another format than their extension says (those still
-    train: the decoder goes by content). It never modifies or deletes anything.
+    Reports classes, images per class and split, the imbalance ratio, files that
+    cannot be decoded, and files whose extension names another format (which still
+    train: data/README.md).
 
     Args:
         data_dir: a folder of class folders, or one holding `train/` and `val/` ones.

@@ -51,16 +51,14 @@ def _processes_on_this_host() -> int:
 
 def _cpu_runtime(replicas: int) -> None:
     """Pooled CPU memory, and each CPU replica its share of the cores, unless the user set them."""
-    # TensorFlow's default CPU allocator mallocs and frees every activation, and glibc
-    # maps and unmaps the large ones each step: the page faults cost as much CPU time
-    # as a third of the step (benchmarks/README.md). BFC keeps freed memory in a pool.
+    # The default CPU allocator's page faults cost a third of a step's CPU time; BFC pools
+    # freed memory (benchmarks/README.md, "CPU replicas against plain Keras").
     os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
     if replicas < 2 or tf.config.threading.get_intra_op_parallelism_threads():
         return
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    # Virtual CPUs share one intra-op pool: with every replica's ops spread over every
-    # core, their threads contend (spinning, stealing); one share each does the same
-    # work with less CPU time, and replicas of one step still run side by side.
+    # Virtual CPUs share one intra-op pool whose threads contend: a share each costs less CPU
+    # time (the same benchmark), and replicas of one step still run side by side.
     with contextlib.suppress(RuntimeError):  # TensorFlow has started: its pools stay
         tf.config.threading.set_intra_op_parallelism_threads(max(1, (cores or 1) // replicas))
 
@@ -244,8 +242,7 @@ def resolve_global_batch_size(
 
 def shard_by_batch(dataset: tf.data.Dataset) -> tf.data.Dataset:
     """`dataset` as training reads it: the DATA auto-shard policy, no autotuning model."""
-    # Every worker builds one machine's global batches; sharding by file would need as many
-    # files as workers and change the batches (`InputData.for_strategy` slices per worker).
+    # Each worker slices one machine's global batches, not files: docs/multi-worker.md.
     options = tf.data.Options()
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
     return without_autotuning(dataset.with_options(options))

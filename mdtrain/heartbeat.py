@@ -1,7 +1,6 @@
 """A line of progress when an epoch runs long, so that a launcher can tell slow from stuck.
 
-`mdtrain launch --hang-timeout` stops workers that print nothing; only the chief
-prints, once per epoch, so a long epoch would look stuck (docs/multi-worker.md).
+Why (`mdtrain launch --hang-timeout`): docs/multi-worker.md, "Fault tolerance".
 """
 
 from __future__ import annotations

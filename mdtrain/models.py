@@ -145,10 +145,9 @@ def _efficientnet(name, num_classes, image_size, weights, dropout, dtype) -> ker
         keras.config.set_dtype_policy(previous)
     inputs = keras.Input((image_size, image_size, 3), name="image")
     if weights is not None or name != LITE0:
-        # training=False keeps BatchNormalization in inference mode even after the
-        # base is unfrozen for fine-tuning: updating its statistics on a small
-        # dataset would wreck the pretrained features (and inference mode is
-        # exact under any strategy).
+        # training=False keeps BatchNormalization in inference mode, unfrozen too: updating
+        # its statistics on a small dataset would wreck the pretrained features (and
+        # inference mode is exact under any strategy).
         base.trainable = False
         features = base(inputs, training=False)
     else:

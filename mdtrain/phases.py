@@ -1,8 +1,6 @@
 """Where a run's wall time goes: the seconds of each of its phases, measured.
 
-`mdtrain.training.train` times its phases on one clock (`time.perf_counter`)
-and reports them in `TrainResult.phases`, the `--json` line and report.json.
-What each phase holds: docs/figures.md, "The run's phases".
+How they are timed, what each holds, where they are reported: docs/figures.md, "The run's phases".
 """
 
 from __future__ import annotations

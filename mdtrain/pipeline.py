@@ -2,10 +2,8 @@
 
 Images stay uint8 after decoding (a quarter of float32's memory and
 host-to-device traffic) and are batched by the GLOBAL batch size, the last
-partial batch kept: the strategy splits each batch across replicas. Under
-several workers each reads the file names of every global batch and decodes
-only its replicas' slices (`InputData.for_strategy`). Notebook 02 builds the same
-pipeline stage by stage in plain tf.data.
+partial batch kept: the strategy splits each batch across replicas. Notebook 02
+builds the same pipeline stage by stage in plain tf.data.
 """
 
 from __future__ import annotations
@@ -97,9 +95,7 @@ def resolve_cache(
 class InputData:
     """Everything training needs to know about its input.
 
-    `train_epochs(first, last)` gives the batches of epochs `first`…`last - 1`
-    back to back (each epoch's order fixed by its number); `val_ds` is the
-    validation batches, or None.
+    `train_epochs` gives the training batches; `val_ds` is the validation batches, or None.
 
     Args:
         splits: training and validation images (`mdtrain.load_splits`).
@@ -111,12 +107,11 @@ class InputData:
             whose files are named by the seed). Defaults to 0.
         shuffle: shuffle the training images every epoch. Defaults to True.
         augment: the `AugmentPolicy`, or None for none. Defaults to `AugmentPolicy()`.
-        augment_in: `"pipeline"`: the batches come augmented; `"model"`: they
-            come as `(images, labels, transforms)`, each image with its drawn
-            and composed transform, for the training step to apply on the
-            replica's device (`ExactTrainer(augment=policy)`), to the same
-            pixels, as `mdtrain train` does by default. Defaults to
-            `"pipeline"`, whose batches any Keras model can take.
+        augment_in: `"pipeline"`: the batches come augmented, for any Keras model;
+            `"model"`: as `(images, labels, transforms)`, each image's transform
+            for the training step to apply on its replica's device, to the same
+            pixels (`ExactTrainer(augment=policy)`; `mdtrain train`'s default).
+            Defaults to `"pipeline"`.
         cache: where the decoded images are kept: `"memory"`, `"disk"`,
             `"none"` or `"auto"` (data/README.md, "Caching"). Defaults to `"auto"`.
         deterministic: keep the exact order even when parallel decoding
@@ -157,8 +152,7 @@ class InputData:
         self._first_order = self._shuffled(_file_names(self.splits.train), 0, self.num_train)
         self._train_cached = None
         if self.cache_mode != "none":
-            # Decoded in epoch 0's order, deterministically, so later epochs (a
-            # shuffle of the cache) depend on (seed, epoch) only.
+            # Decoded in epoch 0's order, deterministically, so epochs depend on (seed, epoch) only.
             ds = _decode(self._first_order, self.image_size, deterministic=True)
             self._train_cached = ds.cache(self._cache_file(self.splits.train, "train"))
         self.val_ds, self._val_source = None, None
@@ -173,8 +167,7 @@ class InputData:
         """The argument of `Dataset.cache`: "" (memory), or a disk prefix this process fills."""
         if self.cache_mode == "memory":
             return ""
-        # What is cached decides the prefix: the image side, the order, and every file's
-        # name, size and modification time, so a changed file is never served from an old cache.
+        # Named by what it holds: a changed file is never served stale (data/README.md, "Caching").
         order = [self.seed, self.shuffle] if split == "train" else None
         h = hashlib.sha256(json.dumps([self.image_size, order]).encode())
         for f in images.files:
@@ -294,8 +287,6 @@ class InputData:
     ) -> tf.data.Dataset:
         """Training batches of epochs `first_epoch`…`last_epoch - 1` back to back, prefetched.
 
-        Each epoch is its own shuffled pass (`epoch_batches`), chained with `concatenate`.
-
         Args:
             first_epoch: the first epoch's number. Defaults to 0.
             last_epoch: one past the last epoch's number. Defaults to 1.
@@ -340,24 +331,18 @@ class InputData:
             `(train, val)`: distributed datasets under several workers, else the
             global batches; `val` None without validation images.
         """
-        watch = watch or _unwatched
         if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
-            train = watch(self.train_epochs(first_epoch, last_epoch, skip_steps))
-            return train, self.val_ds
+            train = self.train_epochs(first_epoch, last_epoch, skip_steps)
+            return (watch(train) if watch else train), self.val_ds
 
         def worker_batches(context):  # one element per local replica and step
             batches = self.train_epochs(first_epoch, last_epoch, skip_steps, context)
-            return watch(batches, _local(context))
+            return watch(batches, _local(context)) if watch else batches
 
         train = strategy.distribute_datasets_from_function(worker_batches)
         if self.val_ds is None:
             return train, None
         return train, strategy.distribute_datasets_from_function(self._val_batches)
-
-
-def _unwatched(dataset: tf.data.Dataset, elements_per_step: int = 1) -> tf.data.Dataset:
-    """`MonitorCallback.watch`'s stand-in where nothing is watched: ``dataset`` as it is."""
-    return dataset
 
 
 def _local(context) -> int:

@@ -81,10 +81,8 @@ def train(config: TrainConfig, callbacks: list | None = None) -> TrainResult:
     and writes the outputs to `config.output` when set (the chief only; README,
     "The command"). Under `strategy="ps"` the run is a parameter-server chief's.
 
-    What the run changes in TensorFlow is undone when it returns
-    (`mdtrain.compat.run_settings`), except what TensorFlow cannot undo in a
-    running process: the devices `configure_devices` set up, and the random
-    seeds.
+    What the run changes in TensorFlow is undone when it returns (`compat.run_settings`),
+    but for what TensorFlow cannot undo: the devices `configure_devices` set up, the seeds.
 
     Args:
         config: the run's `TrainConfig`.
@@ -109,6 +107,7 @@ def train(config: TrainConfig, callbacks: list | None = None) -> TrainResult:
 
         import_tensorflow()
         from mdtrain.compat import run_settings
+        from mdtrain.heartbeat import heartbeat_from_env
         from mdtrain.parts import set_up
 
     with run_settings(config.deterministic):
@@ -116,7 +115,9 @@ def train(config: TrainConfig, callbacks: list | None = None) -> TrainResult:
         with clock.phase("restore"):
             point, segments = _resume(config, parts)
         monitor = parts.monitor
-        callbacks = [*(callbacks or []), *_heartbeat(parts), monitor]
+        # A progress line when an epoch runs long, if a launcher asked: the chief's (verbose).
+        heartbeat = heartbeat_from_env() if parts.verbose else []
+        callbacks = [*(callbacks or []), *heartbeat, monitor]
         with monitor.run():  # one run's figures across phases and resume segments
             history, ps_log = _run_segments(config, parts, point, segments, callbacks, clock)
         result = _result(config, parts, history, ps_log, monitor, clock)
@@ -156,13 +157,6 @@ def _resume(config: TrainConfig, parts: RunParts) -> tuple[ResumePoint, list[Seg
                 unfreeze_top(parts.trainer.net)
         restore(parts.trainer, point, with_optimizer=False)
     return point, segments
-
-
-def _heartbeat(parts: RunParts) -> list:
-    """A progress line when an epoch runs long, if a launcher asked (`mdtrain.heartbeat`)."""
-    from mdtrain.heartbeat import heartbeat_from_env
-
-    return heartbeat_from_env() if parts.verbose else []  # verbose: the chief's
 
 
 def _run_segments(

@@ -1,8 +1,7 @@
 """The TensorFlow and Keras releases mdtrain is tested with, read without importing them.
 
-CI runs the fast tests and every notebook on each end of this range
-(`.ci/matrix`): what Kaggle and Colab ship, and the newest releases.
-`pyproject.toml`'s `cpu` and `gpu` extras state the same range.
+CI tests both ends of it (docs/development.md, "Tests and CI"); `pyproject.toml`'s
+`cpu` and `gpu` extras state the same range.
 """
 
 from __future__ import annotations

@@ -257,11 +257,9 @@ def launch(
         num_ps: Parameter servers; more than 0 runs parameter-server training.
             Defaults to `0`.
         train_command: The program that trains, in place of `mdtrain train`:
-            every worker's, or with `num_ps` the chief's. It is given
-            `train_args` and the `--strategy` option, and typically calls
-            `mdtrain.train(mdtrain.cli.config_from_args(args), callbacks=[...])`
-            to add callbacks, such as a fault drill's `mdtrain_course.drills.MarkAfter`.
-            Defaults to `None`: `python -m mdtrain train`.
+            every worker's, or with `num_ps` the chief's, given `train_args` and
+            `--strategy` (a fault drill's chief: docs/multi-worker.md, "Parameter
+            servers"). Defaults to `None`: `python -m mdtrain train`.
         **kwargs: `run_workers`' options, with `num_ps` too (`host`,
             `log_dir`, `hang_timeout_s`, `env`, `stream`, `gpus_per_worker`).
 

@@ -57,11 +57,8 @@ def _signal_groups(procs: list[subprocess.Popen], sig: int) -> None:
             os.killpg(proc.pid, sig)
 
 
-# TensorFlow's C++ runtime logs in glog's format ("E0000 00:00:1795393443.609882  30925
-# base_collective_executor.cc:252] ..."), absl announces where it logs, and gRPC
-# continues some errors on lines of their own. A task that loses a peer (a crash drill,
-# the chief exiting first) prints a dozen of them; they go to the task's log file, not to
-# the job's stream.
+# The C++ runtime's glog lines ("E0000 00:00:1795393443.609882  30925 file.cc:252] ..."),
+# absl's notice and gRPC's continuation lines: to the task's log only (docs/multi-worker.md).
 _RUNTIME_LOG = re.compile(
     r"[IWEF]\d{4} \d\d:\d\d:\d+\.\d+ +\d+ [\w.-]+:\d+\]|:UNKNOWN:"
     r"|WARNING: All log messages before absl::InitializeLog|Additional GRPC error information"

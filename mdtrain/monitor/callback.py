@@ -30,13 +30,9 @@ from mdtrain.monitor.throughput import ThroughputMeter
 class MonitorCallback(keras.callbacks.Callback):
     """The training monitor: a dashboard in notebooks, text elsewhere, a summary at the end.
 
-    Measures images/sec, step time and input wait, samples GPUs and CPU, shows
-    them as ``display`` says and prints a summary at the end (docs/figures.md,
-    "Where the monitor shows"). ``mdtrain.make_monitor`` is this class.
-
-    The input wait is measured, never inferred: train on ``monitor.watch(...)``,
-    or with mdtrain's `ExactTrainer`. What each figure counts and how it is
-    taken: docs/figures.md.
+    Measures images/sec, step time and input wait (train on ``monitor.watch(...)``
+    or with mdtrain's `ExactTrainer`) and samples GPUs and CPU; what each figure
+    counts and where it shows: docs/figures.md. ``mdtrain.make_monitor`` is this class.
 
     Args:
         global_batch_size: Examples per step over all replicas.
@@ -105,12 +101,9 @@ class MonitorCallback(keras.callbacks.Callback):
     def watch(self, dataset, elements_per_step: int = 1):
         """The dataset to train on in its place, so that the monitor measures the input wait.
 
-        A `tf.data.Dataset` (for ``model.fit``) comes back stamped as it hands
-        each element over; a distributed dataset (for a custom loop) with its
-        ``next()`` timed. How, and what it costs: docs/figures.md, "Input
-        wait". Watch the training data only: a watched validation set would
-        be taken for it. Its stages also tell the verdict whether the pipeline
-        caches and prefetches already (``cached``, ``prefetched``).
+        Watch the training data only: a watched validation set would be taken for
+        it. How the wait is measured, and what the dataset's stages tell the
+        verdict: docs/figures.md, "Input wait" and "The verdict".
 
         Args:
             dataset: The training `tf.data.Dataset`, or a distributed one.

@@ -19,10 +19,6 @@ from mdtrain.monitor.summary import Rates, count, device_text, rate_figures
 class Dashboard:
     """Bars per device, a throughput/utilisation chart, progress and ETA of one monitor.
 
-    ``start()`` shows the monitor live: a daemon thread reads it every
-    ``refresh_s`` and updates the widgets, and redraws the chart at most every
-    ``chart_every_s``. ``stop()`` shows the whole run's figures and verdict.
-
     Args:
         monitor: The `MonitorCallback` to show: its ``meter``, ``sampler``,
             ``epoch``, ``epochs``, ``steps_per_epoch``, ``summary()`` and ``chart_png()``.

@@ -23,10 +23,7 @@ from mdtrain.gpus import visible_gpus
 
 @dataclass(frozen=True)
 class DeviceSample:
-    """One device's reading at one instant.
-
-    Every figure is ``None`` when the driver cannot report it (power on some
-    boards, utilisation on MIG slices), so views show "n/a" instead of a lie.
+    """One device's reading at one instant; a figure the driver cannot report is ``None``.
 
     Args:
         name: Display name, e.g. ``"GPU 0 (NVIDIA H100)"`` or ``"CPU"``.
@@ -39,9 +36,8 @@ class DeviceSample:
         power_w: Power draw in watts. Defaults to ``None``.
         temperature_c: Temperature in degrees Celsius. Defaults to ``None``.
         busy: The driver's own utilisation samples since the previous reading,
-            as ``(time.monotonic() time, percent)`` pairs (NVML samples every
-            1/6 s or so, whatever our interval), so an epoch shorter than the
-            sampling interval still has its own figure. Defaults to ``()``.
+            as ``(time.monotonic() time, percent)`` pairs (docs/figures.md,
+            "Utilisation and memory"). Defaults to ``()``.
     """
 
     name: str

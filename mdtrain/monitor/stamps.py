@@ -103,11 +103,8 @@ class StampedCall:
 class StampMatcher:
     """Matches the stamps, in order, to the calls that consumed their elements.
 
-    Keras creates more iterators than the epochs' (one peeks at a batch to
-    build the model, and its prefetched elements are never trained on), so
-    each call takes its elements from the newest iterator whose first element
-    was handed over before the call ended; the older iterators' stamps are
-    dropped.
+    Each call takes its elements from the newest iterator begun before the call
+    ended (why: docs/figures.md, "Input wait").
 
     Args:
         drain: Returns the stamps recorded since its last call, in order.

@@ -57,8 +57,7 @@ def verdict(
     """
     fixes = _input_fixes(augments_on_device, cached, prefetched)
     wait = input_wait_share
-    # TensorFlow's profiler (its input-pipeline analyzer) calls a program HIGHLY
-    # input-bound from 20% of step time spent waiting for input, MODERATELY from 5%.
+    # The thresholds of TensorFlow's profiler (its input-pipeline analyzer): 20% and 5%.
     if wait is not None and wait >= 0.05:
         degree = "highly" if wait >= 0.20 else "moderately"
         return f"input-bound ({degree}): the devices waited {wait:.0%} of each step — {fixes}"
@@ -160,9 +159,7 @@ class Summary(Rates):
 
     Args:
         steps, images, seconds, images_per_sec, step_time_s, input_wait_share,
-            left_out_steps, left_out_s, validation_s: The run's throughput, as
-            `Rates` says: every step and image counted, the rates over the
-            epochs' wall time less validation and compiling.
+            left_out_steps, left_out_s, validation_s: The run's throughput (`Rates`).
         devices: One `DeviceSummary` per GPU, then the CPU. Defaults to ``()``.
         allocator_peaks: ``(device, bytes)`` per TensorFlow GPU: the most its
             allocator held for tensors during the run

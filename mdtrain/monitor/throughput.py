@@ -1,8 +1,7 @@
 """Images/sec, step time and input-wait share of a run, on the clock the user waits on.
 
-Epochs are timed from start to end, boundaries included, less validation and
-compiling (docs/figures.md, "images/s"). A figure a step reports lazily is read
-with the rates, never after each step. No Keras or TensorFlow here.
+Epochs are timed from start to end, boundaries included, less validation and compiling;
+lazy figures are read with the rates (docs/figures.md, "images/s"). No Keras or TensorFlow.
 """
 
 from __future__ import annotations
@@ -87,12 +86,8 @@ class _Totals:
         return excess, unjudged
 
     def rates(self, now: float, reference: _Totals | None = None) -> Rates:
-        """Rates on the epochs' clock, the compiling judged against ``reference``'s calls.
-
-        Where a left-out call has no like call to be judged by (the first epoch, while
-        every call so far compiled), its steps' time is unknown: no rate, rather than its
-        images over the epoch's boundaries alone.
-        """
+        """Rates on the epochs' clock, the compiling judged against ``reference``'s calls;
+        none while a left-out call has no like call (docs/figures.md, "images/s")."""
         compiling, unjudged = self.compiling_s(reference or self)
         running = now - self.open_epoch_t0 if self.open_epoch_t0 is not None else 0.0
         seconds = max(0.0, self.closed_epochs_s + running - self.validation_s - compiling)

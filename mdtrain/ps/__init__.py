@@ -1,10 +1,8 @@
 """Parameter-server training: `python -m mdtrain.ps serve` runs a ps or worker task.
 
-Parameter servers hold the variables; workers run whole steps, asynchronously,
-that the chief (`mdtrain train --strategy ps`) schedules in its loop
-(`loop.coordinator_fit`); `mdtrain launch --ps M` starts every task. See
-docs/multi-worker.md, "Parameter servers" (why each server gets at least
-`MIN_INTER_OP_THREADS` inter-op threads) and "Security" (unauthenticated gRPC).
+Workers run the steps that the chief (`mdtrain train --strategy ps`) schedules in
+`loop.coordinator_fit`: docs/multi-worker.md, "Parameter servers" (why each server
+gets `MIN_INTER_OP_THREADS` inter-op threads or more) and "Security".
 """
 
 from __future__ import annotations

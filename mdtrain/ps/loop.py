@@ -38,9 +38,8 @@ def coordinator_fit(
 ) -> tuple[keras.callbacks.History, dict]:
     """Trains with a `ClusterCoordinator`'s asynchronous steps: `custom_fit`'s counterpart.
 
-    Each step returns its own metric sums for the chief to add up (on the parameter servers two
-    workers' updates could interleave and one be lost), in blocks ending every `log_every`
-    steps and at each epoch's end: a point of the loss curve, a batch for the callbacks.
+    Each step returns its own metric sums, which the chief adds up in blocks of `log_every` steps,
+    each a point of the loss curve and a batch for the callbacks (docs/multi-worker.md).
     """
     if log_every < 1:
         raise ValueError(f"log_every must be at least 1, not {log_every}")
@@ -157,10 +156,8 @@ def worker_dataset_fn(inputs: InputData, epochs: int):
     """
 
     def dataset_fn():
-        # Built on each worker from ONE function traced on the chief: no worker number
-        # reaches it, and an unseeded random op would draw what every other worker draws
-        # (the chief set the global seed). The clock where the dataset is built gives
-        # each worker a stream of its own: its own order and transforms, new every epoch.
+        # Traced once on the chief, for every worker: its own stream is seeded from the clock
+        # where its dataset is built (docs/multi-worker.md, "Parameter servers").
         stream = tf.cast(tf.timestamp() * 1e6, tf.int64) % 2**31  # microseconds
         # tf.data compares a tensor seed with 0 in Python when the graph's seed is 0 (the
         # default --seed) and fails (tensorflow/tensorflow#17284): this graph gets its own.
