@@ -147,6 +147,14 @@ def dataset_kinds(dataset) -> set[str]:
     return kinds
 
 
+#: Stages that only slice, reorder, group or repeat tensors held in memory, as `dataset_kinds`
+#: names them: a pipeline of these alone decodes and augments nothing.
+IN_MEMORY_KINDS = frozenset(
+    {"_TensorSliceDataset", "_TensorDataset", "_ShuffleDataset", "_BatchDataset", "_RepeatDataset"}
+    | {"_PrefetchDataset", "_OptionsDataset", "_TakeDataset", "_SkipDataset", "CacheDataset"}
+)
+
+
 @contextlib.contextmanager
 def one_result_copy_at_a_time() -> Iterator[None]:
     """A `ClusterCoordinator`'s step results copied to the chief one at a time, in the block."""

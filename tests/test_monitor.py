@@ -146,6 +146,8 @@ def test_verdict_names_the_wait_share_and_the_fix():
          "prefetch or give the input pipeline more CPU cores"),
         ({"cached": True, "prefetched": True, "augments_on_device": True},
          "give the input pipeline more CPU cores"),
+        ({"in_memory": True}, "prefetch or give the input pipeline more CPU cores"),
+        ({"in_memory": True, "prefetched": True}, "give the input pipeline more CPU cores"),
     ],
 )  # fmt: skip
 def test_verdict_never_advises_what_the_input_pipeline_does_already(in_place, advice):

@@ -97,15 +97,19 @@ def test_a_worker_feeding_several_replicas_is_stamped_once_a_step():
 def test_watch_reads_whether_the_pipeline_caches_and_prefetches(strategy):
     """The advice leaves out what the watched pipeline does already, read from its stages."""
     seen = {}
+    in_memory = tf.data.Dataset.from_tensor_slices(np.zeros((8, FEATURES), np.float32))
     for name, ds in (("plain", pipeline(slow=True)), ("both", pipeline(slow=False)),
                      ("prefetched", pipeline(slow=True).prefetch(2).repeat()),
+                     ("in memory", in_memory.shuffle(8, seed=1).batch(BATCH)),
                      ("distributed", strategy.experimental_distribute_dataset(
                          pipeline(slow=False)))):  # fmt: skip
         monitor = make_monitor(BATCH, display="none")
         monitor.watch(ds)
-        seen[name] = (monitor.cached, monitor.prefetched)
-    assert seen == {"plain": (False, False), "both": (True, True),
-                    "prefetched": (False, True), "distributed": (True, True)}  # fmt: skip
+        seen[name] = (monitor.cached, monitor.prefetched, monitor.in_memory)
+    # (cached, prefetched, only tensors in memory: nothing decoded, nothing to cache)
+    assert seen == {"plain": (False, False, False), "both": (True, True, True),
+                    "prefetched": (False, True, False), "in memory": (False, False, True),
+                    "distributed": (True, True, True)}  # fmt: skip
 
 
 def test_watch_refuses_what_it_cannot_watch():

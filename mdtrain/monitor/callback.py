@@ -78,6 +78,7 @@ class MonitorCallback(keras.callbacks.Callback):
         self.display = resolve_display(display)
         self.augments_on_device = augments_on_device
         self.cached, self.prefetched = cached, prefetched
+        self.in_memory = False  # tensors in memory, nothing decoded or augmented: `watch` reads it
         self.meter = ThroughputMeter(self.global_batch_size)
         self.sampler = Sampler(interval_s)
         self.dashboard = None  # the live view of the latest run, with display="widget"
@@ -127,12 +128,13 @@ class MonitorCallback(keras.callbacks.Callback):
             ...  # the step, then callbacks.on_train_batch_end(step)
         ```
         """
-        from mdtrain.compat import dataset_kinds
+        from mdtrain.compat import IN_MEMORY_KINDS, dataset_kinds
         from mdtrain.monitor.watch import HostWait, StampQueue, watched
 
         stages = dataset_kinds(dataset)  # what the pipeline does already, for the advice
         if stages:
             self.cached, self.prefetched = "CacheDataset" in stages, "_PrefetchDataset" in stages
+            self.in_memory = stages <= IN_MEMORY_KINDS
         if self._stamps is None:
             self._stamps, self._host_wait = StampQueue(), HostWait()
             self._matcher = StampMatcher(self._stamps.drain)
@@ -279,6 +281,7 @@ class MonitorCallback(keras.callbacks.Callback):
             mixed_precision=self._mixed_precision(),
             cached=self.cached,
             prefetched=self.prefetched,
+            in_memory=self.in_memory,
             since=self._train_t0,
             allocator_peaks=self._allocator_peaks or allocator_peaks(),
             no_gpu=self.sampler.gpu_error,

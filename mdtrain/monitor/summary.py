@@ -26,6 +26,7 @@ def verdict(
     mixed_precision: bool = False,
     cached: bool = False,
     prefetched: bool = False,
+    in_memory: bool = False,
 ) -> str:
     """Says in words what limits training speed, and what to try.
 
@@ -46,6 +47,8 @@ def verdict(
         cached: Whether the training dataset is cached already
             (``Dataset.cache`` upstream), so the advice leaves it out. Defaults to ``False``.
         prefetched: Whether it is prefetched already, likewise. Defaults to ``False``.
+        in_memory: Whether it only slices, shuffles and batches tensors held in memory,
+            so there is nothing to cache or to move onto the device. Defaults to ``False``.
 
     Returns:
         One sentence.
@@ -55,7 +58,7 @@ def verdict(
     >>> verdict(0.38, 41.0).split(" — ")[0]
     'input-bound (highly): the devices waited 38% of each step'
     """
-    fixes = _input_fixes(augments_on_device, cached, prefetched)
+    fixes = _input_fixes(augments_on_device, cached, prefetched, in_memory)
     wait = input_wait_share
     # The thresholds of TensorFlow's profiler (its input-pipeline analyzer): 20% and 5%.
     if wait is not None and wait >= 0.05:
@@ -88,14 +91,13 @@ def verdict(
     )
 
 
-def _input_fixes(augments_on_device: bool, cached: bool, prefetched: bool) -> str:
-    """What to try for an input-bound run, leaving out what it does already."""
-    todo = [
-        fix for fix, done in (("cache the dataset", cached), ("prefetch", prefetched)) if not done
-    ]
+def _input_fixes(augments_on_device: bool, cached: bool, prefetched: bool, in_memory: bool) -> str:
+    """What to try for an input-bound run, leaving out what it does already or has no use for."""
+    todo = [] if cached or in_memory else ["cache the dataset"]
+    todo += [] if prefetched else ["prefetch"]
     last = (
         "give the input pipeline more CPU cores"
-        if augments_on_device
+        if augments_on_device or in_memory
         else "move augmentation onto the device"
     )
     return ", ".join(todo) + ("," if len(todo) > 1 else "") + (" or " if todo else "") + last
