@@ -13,8 +13,21 @@ runs with its defaults on the same folder.
 Each round runs both commands one after the other (who goes first alternates
 round by round), each timed from its start to its exit on this script's
 clock (`time.perf_counter`): wall time a user waits, start-up included. The
-result holds each side's wall times and last validation accuracy per round,
-their medians, and the wall ratio recipe ÷ mdtrain taken round by round.
+recipe's process also evaluates its model once more after training (below);
+those seconds, which a user of the recipe would not spend, are left out of its
+wall time (`check_s`). The result holds each side's wall times, phases and last
+validation accuracy per round, their medians, the wall ratio recipe ÷ mdtrain
+taken round by round, and the same ratio of a training step's seconds.
+
+Both sides report their phases on the same terms: `mdtrain train --json`'s
+`phases`, and the recipe's from the same `PhaseClock.segment_timer` around
+its `fit` (`first_step`, `training`, `validation`; `set_up` is the rest of
+`recipe_fit`: loading the folders, building and compiling). What no phase
+holds (`outside`) is the interpreter and TensorFlow starting, and the exit.
+The training phase is the epochs' steps after each side's first call (Keras'
+holds one step, mdtrain's `steps_per_execution`), so the two are compared per
+step (`training_step_ms`): that ratio is what the wall ratio tends to as the
+epochs grow, and bounds it where both sides pay the same start-up.
 
 The recipe's accuracy is its trained model's on every image of `val/`, read
 afresh after `fit` (`val_accuracy_on_every_image`). The figure its own `fit`
@@ -35,6 +48,7 @@ import json
 import os
 import statistics
 import sys
+import time
 from pathlib import Path
 
 from _common import REPO, check_positive, last_json, machine_info, run_main, write_result
@@ -146,17 +160,27 @@ def _validation_batches():
 
 
 def _recipe_worker(data: str, epochs: int) -> dict:
-    """The recipe in this process, on 2 virtual CPU replicas: its validation accuracies."""
+    """The recipe in this process, on 2 virtual CPU replicas: its accuracies and phases."""
     from mdtrain.distribute import configure_devices
+    from mdtrain.phases import PhaseClock
 
     configure_devices(f"cpu:{REPLICAS}")
     devices = [f"/cpu:{index}" for index in range(REPLICAS)]
     counter, global_batch = _validation_batches(), BATCH_PER_REPLICA * REPLICAS
-    model, _, _, history = recipe_fit(data, IMAGE_SIZE, global_batch, epochs, devices, [counter])
+    clock, started = PhaseClock(), time.perf_counter()
+    callbacks = [counter, clock.segment_timer()]
+    model, _, train_ds, history = recipe_fit(
+        data, IMAGE_SIZE, global_batch, epochs, devices, callbacks
+    )
+    clock.add("set_up", time.perf_counter() - started - sum(clock.seconds().values()))
+    with clock.phase("check"):  # not the recipe's: left out of its wall time (`_timed`)
+        accuracy = val_accuracy_on_every_image(model, data, IMAGE_SIZE, global_batch)
     return {
-        "val_accuracy": val_accuracy_on_every_image(model, data, IMAGE_SIZE, global_batch),
+        "val_accuracy": accuracy,
         "val_accuracy_in_fit": history.history["val_accuracy"][-1],
         "val_batches_in_fit": counter.counts,
+        "phases": {name: round(seconds, 3) for name, seconds in clock.seconds().items()},
+        "training_steps": epochs * len(train_ds) - 1,  # Keras' first call: one step
     }
 
 
@@ -170,27 +194,57 @@ def _commands(data: str, epochs: int) -> dict[str, list[str]]:
 
 
 def _timed(command: list[str]) -> dict:
-    """Runs `command` to its exit: its wall seconds and the accuracy its last line reports."""
-    last, wall = last_json(command, REPO)
+    """Runs `command` to its exit: its wall seconds, phases, and the accuracy it reports.
+
+    `wall_s` leaves out the recipe's own check (its `check` phase), which its
+    users would not run; `outside` is what no phase holds (start-up and exit).
+    """
+    last, process_s = last_json(command, REPO)
     accuracy = last.get("val_accuracy") or (last.get("history") or [{}])[-1].get("val_accuracy")
     in_fit = {
         key: last[key] for key in ("val_accuracy_in_fit", "val_batches_in_fit") if key in last
     }
-    return {"wall_s": round(wall, 2), "val_accuracy": accuracy, **in_fit}
+    phases = dict(last["phases"])
+    check = phases.pop("check", 0.0)
+    phases["outside"] = round(process_s - check - sum(phases.values()), 3)
+    steps = last.get("training_steps") or _mdtrain_training_steps(last)
+    return {"wall_s": round(process_s - check, 2), "process_s": round(process_s, 2),
+            "check_s": check, "val_accuracy": accuracy, "phases": phases,
+            "training_step_ms": round(1000 * phases["training"] / steps, 2), **in_fit}  # fmt: skip
+
+
+def _mdtrain_training_steps(report: dict) -> int:
+    """The steps `mdtrain train --json`'s training phase holds: all but its first call's."""
+    from mdtrain.config import TrainConfig
+
+    per_epoch = -(-report["num_train"] // report["global_batch_size"])
+    first_call = min(TrainConfig(**report["config"]).resolved_steps_per_execution, per_epoch)
+    return report["epochs"] * per_epoch - first_call
 
 
 def _summary(runs: dict[str, list[dict]]) -> dict:
-    """Medians and spreads of both sides, and the wall ratio recipe ÷ mdtrain round by round."""
+    """Medians and spreads of both sides, and the ratios recipe ÷ mdtrain round by round:
+    of the wall times, and of the seconds per step of the training phases."""
     result = {}
     for side, rounds in runs.items():
         walls = [one["wall_s"] for one in rounds]
         result[side] = {"wall_s": round(statistics.median(walls), 2),
                         "wall_spread": [min(walls), max(walls)],
-                        "val_accuracy": [one["val_accuracy"] for one in rounds]}  # fmt: skip
-    ratios = [r["wall_s"] / m["wall_s"] for r, m in zip(runs["recipe"], runs["mdtrain"],
-                                                         strict=True)]  # fmt: skip
-    result["recipe_wall_vs_mdtrain"] = {"median": round(statistics.median(ratios), 2),
-                                        "rounds": [round(x, 2) for x in ratios]}  # fmt: skip
+                        "val_accuracy": [one["val_accuracy"] for one in rounds],
+                        "training_step_ms": statistics.median(
+                            one["training_step_ms"] for one in rounds)}  # fmt: skip
+        names = dict.fromkeys(name for one in rounds for name in one["phases"])
+        result[side]["phases"] = {
+            name: round(statistics.median(one["phases"].get(name, 0.0) for one in rounds), 2)
+            for name in names
+        }
+    for key, read in (
+        ("recipe_wall_vs_mdtrain", lambda run: run["wall_s"]),
+        ("recipe_training_step_vs_mdtrain", lambda run: run["training_step_ms"]),
+    ):
+        ratios = [read(r) / read(m) for r, m in zip(runs["recipe"], runs["mdtrain"], strict=True)]
+        result[key] = {"median": round(statistics.median(ratios), 2),
+                       "rounds": [round(x, 2) for x in ratios]}  # fmt: skip
     return result
 
 

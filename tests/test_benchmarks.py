@@ -158,6 +158,40 @@ def test_the_recipe_s_accuracy_is_taken_over_every_validation_image(data):
     )
 
 
+@pytest.mark.slow
+def test_recipe_benchmark_times_both_sides_phase_by_phase_without_the_recipe_s_check(
+    data, tmp_path
+):
+    """One real round of `recipe.py`: both commands' phases add up to their wall times, and the
+    evaluation the script adds to the recipe's process is measured and left out of its wall."""
+    output = tmp_path / "recipe.json"
+    args = ["--data", str(data), "--epochs", "3", "--repeats", "1", "--output", str(output)]
+    done = subprocess.run([sys.executable, str(BENCHMARKS / "recipe.py"), *args],
+                          capture_output=True, text=True, timeout=900)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(output.read_text())
+    keras_run, mdtrain_run = result["runs"]["recipe"][0], result["runs"]["mdtrain"][0]
+    assert keras_run["check_s"] > 0 and "check_s" not in result["summary"]["recipe"]
+    assert keras_run["wall_s"] == pytest.approx(keras_run["process_s"] - keras_run["check_s"],
+                                                abs=0.02)  # fmt: skip
+    for run in (keras_run, mdtrain_run):
+        phases = run["phases"]
+        assert {"first_step", "training", "validation", "outside"} <= set(phases), phases
+        assert min(phases["first_step"], phases["training"], phases["outside"]) > 0, phases
+        assert sum(phases.values()) == pytest.approx(run["wall_s"], abs=0.05)
+    # 3 epochs of 1 step: both training phases hold the 2 steps after the first call
+    assert keras_run["training_step_ms"] == pytest.approx(
+        1000 * keras_run["phases"]["training"] / 2, abs=0.01
+    )
+    assert mdtrain_run["training_step_ms"] == pytest.approx(
+        1000 * mdtrain_run["phases"]["training"] / 2, abs=0.01
+    )
+    ratio = result["summary"]["recipe_training_step_vs_mdtrain"]["median"]
+    assert ratio == pytest.approx(
+        keras_run["training_step_ms"] / mdtrain_run["training_step_ms"], abs=0.01
+    )
+
+
 def test_image_data_generator_gives_float_batches_and_sparse_labels(data):
     it = pipeline.image_data_generator(data / "train", 32, 16, pipeline.bench_policy(), seed=1)
     assert len(it) == 4 and it.num_classes == 5
