@@ -172,6 +172,7 @@ def test_recipe_benchmark_times_both_sides_phase_by_phase_without_the_recipe_s_c
     result = json.loads(output.read_text())
     keras_run, mdtrain_run = result["runs"]["recipe"][0], result["runs"]["mdtrain"][0]
     assert keras_run["check_s"] > 0 and "check_s" not in result["summary"]["recipe"]
+    assert {"set_up", "after_fit"} <= set(keras_run["phases"])  # the recipe's, around its fit
     assert keras_run["wall_s"] == pytest.approx(keras_run["process_s"] - keras_run["check_s"],
                                                 abs=0.02)  # fmt: skip
     for run in (keras_run, mdtrain_run):
