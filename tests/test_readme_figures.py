@@ -19,9 +19,9 @@ def _result(name: str) -> dict:
     return json.loads((ROOT / "benchmarks" / name).read_text())
 
 
-def _ratio(median: float, low: float, high: float) -> str:
+def _ratio(median: float, low: float, high: float, digits: int = 2) -> str:
     """A ratio as the README writes it: `2.55× (1.44–6.09×)`."""
-    return f"{median:.2f}× ({low:.2f}–{high:.2f}×)"
+    return f"{median:.{digits}f}× ({low:.{digits}f}–{high:.{digits}f}×)"
 
 
 def test_readme_quotes_the_committed_recipe_benchmark():
@@ -42,3 +42,24 @@ def test_readme_quotes_the_committed_host_cost_benchmark(variant, dataset):
     for prefix in ("", "steady_"):  # the whole call, the steady state
         figure = _ratio(entry[f"{prefix}vs_keras_fit"], *entry[f"{prefix}vs_keras_fit_spread"])
         assert figure in README, (variant, dataset, prefix)
+
+
+def test_readme_quotes_the_committed_pipeline_benchmark():
+    result = _result("pipeline.json")
+    for key in ("keras_directory_layers", "imagedatagenerator", "tfdata_augment_in_model"):
+        assert f"{result[key]:,.0f} images/s" in README, key
+    for key, digits in [
+        ("augment_in_model_vs_keras_directory_layers", 1),
+        ("augment_in_model_vs_noaug", 2),
+        ("fused_layer_vs_keras_layers", 2),
+        ("cached_vs_raw_decode", 1),
+    ]:
+        ratio = result["ratios"][key]
+        assert _ratio(ratio["median"], ratio["min"], ratio["max"], digits) in README, key
+
+
+def test_readme_quotes_the_committed_replicas_benchmark():
+    ratios = _result("train.json")["vs_keras_fit"]["ratios"]
+    for key in ("mdtrain_vs_keras_fit", "mdtrain_one_vs_keras_fit"):
+        ratio = ratios[key]
+        assert _ratio(ratio["median"], ratio["min"], ratio["max"]) in README, key
