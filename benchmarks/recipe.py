@@ -52,7 +52,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from _common import REPO, check_positive, last_json, machine_info, run_main, write_result
+from _common import REPO, check_positive, last_json, machine_info, run_main
 
 REPLICAS = 2
 #: mdtrain train's defaults for the small CNN: 32 px, 32 images per replica.
@@ -268,6 +268,46 @@ def _summary(runs: dict[str, list[dict]]) -> dict:
     return result
 
 
+#: The chart's segments: (label, the phases each side's segment adds up), in run order.
+CHART_SEGMENTS = [
+    ("interpreter and TensorFlow starting, exit", ("outside",)),
+    ("set-up: folders, model", ("set_up", "import", "devices", "data_scan", "model", "restore")),
+    ("first call of the training step", ("first_step",)),
+    ("training: the other steps", ("training",)),
+    ("validation", ("validation",)),
+    ("after fit, outputs", ("after_fit", "outputs")),
+]
+
+
+def phase_chart(result: dict):
+    """Each side's median wall time as one bar, split into its median phases (`CHART_SEGMENTS`)."""
+    from mdtrain_course.plots.common import new_figure
+
+    summary, sides = result["summary"], ("recipe", "mdtrain")
+    ratio = summary["recipe_wall_vs_mdtrain"]["median"]
+    per_step = summary["recipe_training_step_vs_mdtrain"]["median"]
+    title = (
+        f"{result['epochs']} epochs on {result['replicas']} CPU replicas, where the wall time "
+        f"goes: recipe ÷ mdtrain {ratio:.2f}× the wall, {per_step:.2f}× a step"
+    )
+    fig = new_figure((10, 3.0), title, layout="constrained")
+    ax = fig.add_subplot()
+    left = [0.0, 0.0]
+    for label, names in CHART_SEGMENTS:
+        widths = [sum(summary[side]["phases"].get(n, 0.0) for n in names) for side in sides]
+        bars = ax.barh([0, 1], widths, left=left, label=label)
+        shown = [f"{w:.1f}" if w >= 2.0 else "" for w in widths]  # where the label fits
+        ax.bar_label(bars, labels=shown, label_type="center", fontsize=8)
+        left = [a + b for a, b in zip(left, widths, strict=True)]
+    steps = [f"{summary[side]['training_step_ms']:.0f} ms a step" for side in sides]
+    ax.set_yticks([0, 1], [f"article 003's recipe\n{steps[0]}", f"mdtrain train\n{steps[1]}"])
+    ax.invert_yaxis()
+    ax.set_xlabel("seconds: each phase's median over the rounds")
+    ax.spines[["top", "right"]].set_visible(False)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.3), ncol=3, fontsize=7.5, frameon=False)
+    return fig
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", help="dataset folder with train/ and val/ (default: the demo "
@@ -295,9 +335,10 @@ def main(argv: list[str] | None = None) -> None:
               "replicas": REPLICAS, "machine": machine_info(),
               "command": " ".join(["python", "benchmarks/recipe.py",
                                    *(argv if argv is not None else sys.argv[1:])])}  # fmt: skip
-    bars = {f"{side} (wall s)": result["summary"][side]["wall_s"] for side in runs}
-    title = f"{args.epochs} epochs on 2 CPU replicas: wall seconds per command (lower is faster)"
-    write_result(result, args.output, "recipe", bars, None, title)
+    output = Path(args.output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(json.dumps(result, indent=2) + "\n")
+    phase_chart(result).savefig(output.with_suffix(".png"))
     print(json.dumps(result) if args.json else json.dumps(result["summary"], indent=1))
 
 

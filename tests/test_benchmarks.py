@@ -170,6 +170,7 @@ def test_recipe_benchmark_times_both_sides_phase_by_phase_without_the_recipe_s_c
                           capture_output=True, text=True, timeout=900)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(output.read_text())
+    assert output.with_suffix(".png").stat().st_size > 0  # the phases, drawn
     keras_run, mdtrain_run = result["runs"]["recipe"][0], result["runs"]["mdtrain"][0]
     assert keras_run["check_s"] > 0 and "check_s" not in result["summary"]["recipe"]
     assert {"set_up", "after_fit"} <= set(keras_run["phases"])  # the recipe's, around its fit
