@@ -38,7 +38,7 @@ each epoch read (`val_batches_in_fit`): under `MirroredStrategy` a cached
 `image_dataset_from_directory` validation set sometimes reads only 1-3 of its
 5 batches in every pass (benchmarks/README.md has the reproduction).
 
-Usage, from the repository root (about 3 minutes a round on 2 idle cores):
+Usage, from the repository root (about 1.5 minutes a round on 2 idle cores):
 
     python benchmarks/recipe.py [--data data/demo] [--epochs 15] [--repeats 3] [--json]
 """
