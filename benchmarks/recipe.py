@@ -51,8 +51,12 @@ import os
 import statistics
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from _common import REPO, check_positive, last_json, machine_info, run_main
+
+if TYPE_CHECKING:
+    from mdtrain.phases import PhaseClock
 
 REPLICAS = 2
 #: mdtrain train's defaults for the small CNN: 32 px, 32 images per replica.
@@ -66,7 +70,7 @@ def recipe_fit(
     epochs: int,
     devices: list[str] | None = None,
     callbacks: list | None = None,
-    clock=None,
+    clock: PhaseClock | None = None,
 ):
     """Trains article 003's recipe; returns the model, strategy, training dataset and history.
 
